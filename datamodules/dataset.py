@@ -72,11 +72,11 @@ def blend_schedule(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.
 
     Returns ``dataset_index (size,)`` int64 and ``dataset_sample_index (size,)`` int64 (how many earlier
     positions chose the same corpus). Earliest-deadline-first apportionment (Tijdeman 1980, the "chairman
-    assignment problem"): with ``D`` corpora and ``delta = 1/(2D-2)``, corpus d is eligible at step t (1-based)
-    once ``w_d*t - c_d >= delta`` and its deadline is ``(c_d + 1 - delta)/w_d``; the eligible corpus with the
-    earliest deadline is picked. Then ``|c_d(P) - w_d*P| <= 1 - delta < 1`` for every prefix length P, i.e.
-    every prefix holds each corpus within one sample of its weight. (Megatron's greedy "largest lag" rule
-    can drift past one sample with several corpora.)
+    assignment problem"): with ``D`` corpora and ``delta = 1/(2D-2)``, corpus d is eligible at step t
+    (1-based) once ``w_d*t - c_d >= delta`` and its deadline is ``(c_d + 1 - delta)/w_d``; the eligible
+    corpus with the earliest deadline is picked. Then ``|c_d(P) - w_d*P| <= 1 - delta < 1`` for every
+    prefix length P: every prefix holds each corpus within one sample of its weight. (Megatron's greedy
+    "largest lag" rule can drift past one sample with several corpora.)
     """
     w = normalize_weights(weights, len(weights))
     d_count = len(w)
@@ -244,8 +244,9 @@ class ResumableSampler(ShardedSampler):
         per_epoch = self.batches_per_epoch * self.global_batch_size
         if epoch < 0 or not 0 <= consumed <= per_epoch or consumed % self.global_batch_size:
             raise ValueError(
-                f"cannot resume at epoch {epoch} after {consumed} samples: need epoch >= 0 and a multiple of the "
-                f"global batch size {self.global_batch_size} in [0, {per_epoch}]; resume with the micro-batch "
-                f"size and world size of the run that saved the state (or ones whose product divides it)"
+                f"cannot resume at epoch {epoch} after {consumed} samples: need epoch >= 0 and a multiple of "
+                f"the global batch size {self.global_batch_size} in [0, {per_epoch}]; resume with the "
+                f"micro-batch size and world size of the run that saved the state (or ones whose product "
+                f"divides it)"
             )
         self.epoch, self.consumed_samples = (epoch + 1, 0) if consumed == per_epoch else (epoch, consumed)

@@ -136,7 +136,10 @@ def test_blended_corpora_are_shuffled_and_cycled_per_pass():
     assert len({tuple(p) for p in passes}) > 1  # reshuffled between passes
     assert len(set(draws[1][:50])) == 50  # large corpus: no repeat within its first pass
     sample = ds[41]
-    assert sample.index == 41 and sample.tokens.tolist() == ds.datasets[ds.locate(41)[0]][ds.locate(41)[1]].tolist()
+    assert (
+        sample.index == 41
+        and sample.tokens.tolist() == ds.datasets[ds.locate(41)[0]][ds.locate(41)[1]].tolist()
+    )
 
 
 def test_bad_weights():

@@ -1,0 +1,263 @@
+"""``PretrainDataModule``: prepared token shards -> packed, blended, sharded, resumable batches.
+
+Per sample the datamodule reads ``objective.raw_length(seq_len)`` raw tokens (``seq_len + 1`` for causal LM,
+the longer raw span for T5 span corruption) from the prepared ``train`` split of each directory
+(``datamodules.dataset``), and the collate function applies the objective. The objective's randomness for a
+sample comes from its own generator seeded by ``(seed, split, epoch, position)``, so batches do not depend on
+``num_workers``. Validation reads each directory's ``val`` split in fixed order (no shuffle).
+
+Resume (exact, mid-epoch, any ``num_workers``): the state is ``(seed, epoch, consumed_samples)`` where
+``consumed_samples`` counts global samples of ``epoch`` that the *training loop received*. Samplers and
+workers run ahead (prefetching), so the count is advanced in ``on_after_batch_transfer`` -- which Lightning
+calls for every training batch right before ``training_step`` -- not by the sampler. Lightning 2.x stores
+``LightningDataModule.state_dict()`` in every checkpoint (``CheckpointConnector.dump_checkpoint``) and calls
+``load_state_dict`` on ``fit(ckpt_path=...)`` before it builds the dataloaders, so ``train_dataloader()``
+starts at exactly the next sample. Loops driven by hand call ``advance()`` once per batch they consume.
+Note: this datamodule's ``on_after_batch_transfer`` takes precedence over a LightningModule's (Lightning's
+rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from datamodules.dataset import BlendedDataset, PackedDataset, ResumableSampler, Sample, ShardedSampler
+from datamodules.indexed import IndexedDataset
+
+TRAIN, VAL = "train", "val"
+_STREAM_ID = {TRAIN: 0, VAL: 1}
+
+
+class Objective(Protocol):
+    """What the datamodule needs of an objective (see ``objectives``)."""
+
+    def raw_length(self, input_length: int) -> int: ...
+
+    def __call__(self, tokens: Tensor, generator: torch.Generator) -> dict[str, Tensor]: ...
+
+
+def sample_seed(seed: int, stream: int, epoch: int, position: int) -> int:
+    """A 64-bit generator seed for one sample, well mixed (``numpy.random.SeedSequence``)."""
+    return int(np.random.SeedSequence([seed, stream, epoch, position]).generate_state(1, np.uint64)[0])
+
+
+class ObjectiveCollate:
+    """``list[Sample]`` -> the objective's batch dict; row b uses its own generator (see ``sample_seed``)."""
+
+    def __init__(self, objective: Objective, seed: int, epoch_size: int, split: str):
+        self.objective, self.seed, self.epoch_size = objective, seed, epoch_size
+        self.stream = _STREAM_ID[split]
+
+    def __call__(self, samples: list[Sample]) -> dict[str, Tensor]:
+        tokens = torch.from_numpy(np.stack([s.tokens for s in samples]))  # (B, L) int64
+        rows = []
+        for sample, row in zip(samples, tokens, strict=True):
+            epoch, position = divmod(sample.index, self.epoch_size)
+            generator = torch.Generator().manual_seed(sample_seed(self.seed, self.stream, epoch, position))
+            rows.append(self.objective(row[None], generator))
+        return {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
+
+
+class PretrainDataModule(L.LightningDataModule):
+    """Packed pretraining batches from prepared directories (``pretrain prepare``), blended by ``weights``.
+
+    Args:
+        data_dirs: prepared directories, each with ``train.bin/.idx`` and ``val.bin/.idx``.
+        objective: duck-typed objective (``raw_length``, ``__call__(tokens (B, L), generator)``).
+        seq_len: model input length; samples hold ``objective.raw_length(seq_len)`` raw tokens.
+        micro_batch_size: samples per batch per rank.
+        weights: one positive weight per directory (normalised); default equal.
+        num_workers, seed: DataLoader workers; the seed of the shuffle and of the objective.
+        val_batches: validation batches per rank (default: every whole global batch of the val split).
+        samples_per_epoch: training samples per epoch (default: all samples of all corpora).
+        rank, world_size: data-parallel position when no trainer is attached (the trainer's otherwise).
+    """
+
+    def __init__(
+        self,
+        data_dirs: str | Path | Sequence[str | Path],
+        objective: Objective,
+        *,
+        seq_len: int,
+        micro_batch_size: int,
+        weights: Sequence[float] | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+        val_batches: int | None = None,
+        samples_per_epoch: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        super().__init__()
+        self.data_dirs = (
+            [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else list(map(Path, data_dirs))
+        )
+        if not self.data_dirs:
+            raise ValueError("data_dirs is empty; give at least one directory written by `pretrain prepare`")
+        for path in self.data_dirs:
+            if not path.is_dir():
+                raise FileNotFoundError(
+                    f"prepared data directory {path} does not exist; create it with "
+                    f"`pretrain prepare` (datamodules.prepare) from your raw text first"
+                )
+        if weights is not None and len(weights) != len(self.data_dirs):
+            raise ValueError(
+                f"got {len(weights)} weights for {len(self.data_dirs)} data_dirs; give one per dir"
+            )
+        for name, value, low in [
+            ("seq_len", seq_len, 1),
+            ("micro_batch_size", micro_batch_size, 1),
+            ("num_workers", num_workers, 0),
+            ("seed", seed, 0),
+            ("val_batches", 0 if val_batches is None else val_batches, 0),
+        ]:
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not (callable(objective) and hasattr(objective, "raw_length")):
+            raise ValueError("objective must be callable and have raw_length(seq_len) (see objectives.build)")
+        self.objective, self.seq_len, self.micro_batch_size = objective, seq_len, micro_batch_size
+        self.weights, self.num_workers, self.seed = weights, num_workers, seed
+        self.val_batches, self.samples_per_epoch = val_batches, samples_per_epoch
+        self._rank, self._world_size = rank, world_size
+        self.sample_length = int(objective.raw_length(seq_len))
+        self.train_set: BlendedDataset | None = None
+        self.val_set: BlendedDataset | None = None
+        self.epoch, self.consumed_samples = 0, 0  # what the training loop has received
+        self._loaded_epoch_size: int | None = None  # from a loaded state, checked once the data is open
+
+    # --- data-parallel layout -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else self._world_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.world_size
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Training batches per rank per epoch."""
+        return self._train().epoch_size // self.global_batch_size
+
+    # --- datasets -------------------------------------------------------------------------------------
+    def _corpora(self, split: str) -> list[PackedDataset]:
+        return [
+            PackedDataset(IndexedDataset(d / split).tokens, self.sample_length, name=str(d / split))
+            for d in self.data_dirs
+        ]
+
+    def setup(self, stage: str | None = None) -> None:
+        """Open the memory-mapped splits (cheap); ValueError if a corpus is smaller than one sample."""
+        if stage in (None, "fit") and self.train_set is None:
+            self.train_set = BlendedDataset(
+                self._corpora(TRAIN), self.weights, seed=self.seed, epoch_size=self.samples_per_epoch
+            )
+            self._check_loaded_state()
+        if stage in (None, "fit", "validate") and self.val_set is None and self.val_batches != 0:
+            val = self._corpora(VAL)
+            size = sum(map(len, val))
+            if self.val_batches is not None:
+                size = min(size, self.val_batches * self.global_batch_size)
+            self.val_set = BlendedDataset(val, self.weights, seed=self.seed, shuffle=False, epoch_size=size)
+
+    def _train(self) -> BlendedDataset:
+        if self.train_set is None:
+            self.setup("fit")
+        assert self.train_set is not None
+        return self.train_set
+
+    def _loader(self, dataset: BlendedDataset, sampler: ShardedSampler, split: str) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.micro_batch_size,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=self.num_workers,
+            collate_fn=ObjectiveCollate(self.objective, self.seed, dataset.epoch_size, split),
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Starts at the next sample the training loop has not received (``epoch``, ``consumed_samples``)."""
+        train = self._train()
+        sampler = ResumableSampler(
+            train.epoch_size,
+            self.micro_batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            epoch=self.epoch,
+            consumed_samples=self.consumed_samples,
+        )
+        return self._loader(train, sampler, TRAIN)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """Fixed-order validation batches (an empty list when ``val_batches == 0``)."""
+        if self.val_batches == 0:
+            return []
+        if self.val_set is None:
+            self.setup("validate")
+        assert self.val_set is not None
+        sampler = ShardedSampler(
+            self.val_set.epoch_size, self.micro_batch_size, rank=self.rank, world_size=self.world_size
+        )
+        return self._loader(self.val_set, sampler, VAL)
+
+    # --- resume ---------------------------------------------------------------------------------------
+    def advance(self, num_batches: int = 1, epoch: int | None = None) -> None:
+        """Record that the training loop received ``num_batches`` more batches (on every rank).
+
+        ``epoch``: the loop's current epoch, if known; a newer one restarts the count (an epoch cut short,
+        e.g. by ``limit_train_batches``). The count rolls over to the next epoch when an epoch is complete.
+        """
+        if epoch is not None and epoch != self.epoch:
+            self.epoch, self.consumed_samples = epoch, 0
+        per_epoch = self.batches_per_epoch * self.global_batch_size
+        for _ in range(num_batches):
+            self.consumed_samples += self.global_batch_size
+            if self.consumed_samples >= per_epoch:
+                self.epoch, self.consumed_samples = self.epoch + 1, 0
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning hook, called once per batch right before ``training_step``: count training batches."""
+        if self.trainer is not None and self.trainer.training:
+            self.advance(epoch=self.trainer.current_epoch)
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        """``seed``, ``epoch``, ``consumed_samples`` (global, received by the loop), ``epoch_size``."""
+        state = {"seed": self.seed, "epoch": self.epoch, "consumed_samples": self.consumed_samples}
+        if self.train_set is not None:
+            state["epoch_size"] = self.train_set.epoch_size
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if int(state_dict["seed"]) != self.seed:
+            raise ValueError(
+                f"the data state was saved with seed={state_dict['seed']} but this datamodule has "
+                f"seed={self.seed}; "
+                f"resume with seed={state_dict['seed']} to continue the same sample order"
+            )
+        self.epoch, self.consumed_samples = int(state_dict["epoch"]), int(state_dict["consumed_samples"])
+        self._loaded_epoch_size = state_dict.get("epoch_size")
+        self._check_loaded_state()
+
+    def _check_loaded_state(self) -> None:
+        """The loaded position is meaningless on other data: the epoch size must match."""
+        if self.train_set is not None and self._loaded_epoch_size not in (None, self.train_set.epoch_size):
+            raise ValueError(
+                f"the loaded data state has {self._loaded_epoch_size} samples per epoch but these data give "
+                f"{self.train_set.epoch_size}; resume with the same data_dirs, seq_len, objective and "
+                f"samples_per_epoch as the run that saved it"
+            )
