@@ -1,0 +1,684 @@
+"""One transformer backbone for GPT (decoder), BERT (encoder) and T5 (encoder-decoder).
+
+Axes: B batch, T query length, S key length (past + T, or encoder length for cross-attention), d model width,
+h query heads, g key/value heads, d_h head width, V vocabulary. Every block is
+
+    pre-norm:  x = x + drop(f(norm(x)))        (GPT-2, T5, Llama; each stack ends with a final norm)
+    post-norm: x = norm(x + drop(f(x)))        (BERT)
+
+with f = self-attention, then cross-attention (encoder-decoder decoder only), then the MLP. Attention runs through
+``F.scaled_dot_product_attention`` on (B, h, T, d_h) tensors; all masking (causal, key padding, packed documents,
+prefix-LM) is one boolean (B|1, 1, T, S) mask, or ``is_causal=True`` when causality is the only constraint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from pretrain.config import ModelConfig
+
+ACT_FNS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+    "geglu_tanh": partial(F.gelu, approximate="tanh"),
+    "reglu": F.relu,
+}
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor | None  # (B, T, V); None without an LM head
+    hidden_states: Tensor  # (B, T, d) after the final norm; decoder side for encoder-decoder
+    encoder_hidden_states: Tensor | None = None  # (B, S, d) encoder-decoder (None when taken from cache)
+    pooled_output: Tensor | None = None  # (B, d) with config.pooler
+    cache: KVCache | None = None
+
+
+class KVCache:
+    """Keys and values of past positions for incremental decoding (one entry per decoder layer).
+
+    ``self_kv[i]``: (k, v) of self-attention, each (B, g, S, d_h), extended by every call.
+    ``cross_kv[i]``: (k, v) over the encoder output, each (B, g, S_enc, d_h), computed on the first call only.
+    ``key_mask``: (B, S) bool, True = real past token (None = no padding so far); ``encoder_mask``: (B, S_enc).
+    """
+
+    def __init__(self, n_layer: int) -> None:
+        self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * n_layer
+        self.cross_kv: list[tuple[Tensor, Tensor] | None] = [None] * n_layer
+        self.key_mask: Tensor | None = None
+        self.encoder_mask: Tensor | None = None
+
+    @property
+    def seq_len(self) -> int:
+        """Number of cached positions S_past."""
+        return 0 if self.self_kv[0] is None else self.self_kv[0][0].shape[2]
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.cross_kv[0] is not None
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this call's (B, g, T, d_h) keys/values; return all of them (B, g, S, d_h)."""
+        if self.self_kv[layer] is not None:
+            past_k, past_v = self.self_kv[layer]
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        self.self_kv[layer] = (k, v)
+        return k, v
+
+    def extend_mask(self, mask: Tensor | None, batch: int, length: int) -> Tensor | None:
+        """Key padding mask over past + current positions (B, S), or None if nothing was ever padded."""
+        if mask is None and self.key_mask is None:
+            return None
+        device = (mask if mask is not None else self.key_mask).device
+        ones = partial(torch.ones, dtype=torch.bool, device=device)
+        old = self.key_mask if self.key_mask is not None else ones(batch, self.seq_len)
+        new = mask.bool() if mask is not None else ones(batch, length)
+        self.key_mask = torch.cat([old, new], dim=1)
+        return self.key_mask
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.norm_bias)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) on the last axis (HF Llama convention: halves, not interleaved pairs)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Rotary(nn.Module):
+    """RoPE (Su et al. 2021): q, k of position p rotated by angles p * theta^(-2i/d_h), i < d_h/2."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions (B|1, T) -> cos, sin each (B|1, 1, T, d_h)."""
+        freqs = positions[..., None].float() * self.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, heads, T, d_h) rotated: x cos + rotate_half(x) sin."""
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+def relative_position_bucket(
+    relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Tensor:
+    """T5 buckets for relative = key_pos - query_pos: exact below num_buckets/2 (per direction), log-spaced up to
+    max_distance, clipped beyond (Raffel et al. 2020; mesh-tensorflow ``_relative_position_bucket``)."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)  # only the past is visible
+    max_exact = num_buckets // 2
+    log_ratio = torch.log(distance.float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < max_exact, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+    """T5 bias b[h, bucket(k - q)] added to the attention logits; one table per stack, shared by its layers."""
+
+    def __init__(self, config: ModelConfig, bidirectional: bool) -> None:
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets = config.relative_num_buckets
+        self.max_distance = config.relative_max_distance
+        self.embedding = nn.Embedding(config.relative_num_buckets, config.n_head)
+
+    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """q_pos (B|1, T), k_pos (B|1, S) -> bias (B|1, h, T, S)."""
+        relative = k_pos[:, None, :] - q_pos[:, :, None]
+        buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.embedding(buckets).permute(0, 3, 1, 2)
+
+
+def sinusoid_table(length: int, dim: int) -> Tensor:
+    """(length, dim): [p, 2i] = sin(p / 10000^(2i/dim)), [p, 2i+1] = cos(same) (Vaswani et al. 2017)."""
+    angles = torch.arange(length, dtype=torch.float)[:, None] * torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float) * (-math.log(10000.0) / dim)
+    )
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)
+
+
+class Embeddings(nn.Module):
+    """Token (+ segment) (+ absolute position) embeddings, optional norm (BERT), dropout: (B, T) -> (B, T, d)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
+        if config.position == "sinusoidal":
+            self.register_buffer(
+                "sinusoid", sinusoid_table(config.max_seq_len, config.d_model), persistent=False
+            )
+        else:
+            self.sinusoid = None
+        self.segment = (
+            nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        )
+        self.norm = make_norm(config) if config.embedding_norm else None
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        x = self.tok(input_ids)
+        if self.segment is not None:  # BERT: missing token_type_ids mean segment 0
+            x = x + (self.segment.weight[0] if token_type_ids is None else self.segment(token_type_ids))
+        if self.pos is not None:
+            x = x + self.pos(positions)
+        if self.sinusoid is not None:
+            x = x + self.sinusoid[positions]
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.drop(x)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with g <= h key/value heads (GQA). Self-attention computes q, k, v with one fused
+    projection; cross-attention takes q from x and k, v (one fused projection) from the encoder output."""
+
+    def __init__(self, config: ModelConfig, cross: bool = False) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        q_dim, kv_dim = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
+        self.cross = cross
+        if cross:
+            self.q = nn.Linear(config.d_model, q_dim, bias=config.attn_bias)
+            self.kv = nn.Linear(config.d_model, 2 * kv_dim, bias=config.attn_bias)
+        else:
+            self.qkv = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attn_bias)
+        self.out = nn.Linear(q_dim, config.d_model, bias=config.attn_bias)
+        self.scale = None if config.attn_scale == "default" else 1.0  # None: SDPA's 1/sqrt(d_h)
+        self.dropout = config.attn_dropout
+
+    def query_weight(self) -> Tensor:
+        """Rows of the weight that produce q: (h * d_h, d)."""
+        return self.q.weight if self.cross else self.qkv.weight[: self.n_head * self.head_dim]
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        memory: Tensor | None = None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> Tensor:
+        """x (B, T, d) -> (B, T, d). mask: bool (B|1, 1, T, S) True = attend, or additive float (B|1, h, T, S).
+        memory: encoder output (B, S, d) for cross-attention (unused once its k, v sit in ``cache``)."""
+        B, T, _ = x.shape
+        h, g, dh = self.n_head, self.n_kv_head, self.head_dim
+        if self.cross:
+            q = self.q(x).view(B, T, h, dh).transpose(1, 2)
+            if cache is not None and cache.cross_kv[layer] is not None:
+                k, v = cache.cross_kv[layer]
+            else:
+                k, v = self.kv(memory).view(B, memory.shape[1], 2, g, dh).permute(2, 0, 3, 1, 4).unbind(0)
+                if cache is not None:
+                    cache.cross_kv[layer] = (k, v)
+        else:
+            q, k, v = self.qkv(x).view(B, T, h + 2 * g, dh).transpose(1, 2).split((h, g, g), dim=1)
+            if rope is not None:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            if cache is not None:
+                k, v = cache.extend(layer, k, v)
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            scale=self.scale,
+            enable_gqa=g != h,
+        )  # (B, h, T, d_h)
+        return self.out(y.transpose(1, 2).reshape(B, T, h * dh))
+
+
+class MLP(nn.Module):
+    """proj(act(fc(x))), or GLU (Shazeer 2020): proj(act(x W_gate) * (x W_up)) with fc = [W_gate; W_up] fused."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gated = config.gated
+        self.fc = nn.Linear(config.d_model, (2 if self.gated else 1) * config.d_ff, bias=config.mlp_bias)
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+        self.act = ACT_FNS[config.activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc(x)  # (B, T, d_ff) or (B, T, 2 d_ff)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.proj(self.act(gate) * up)
+        return self.proj(self.act(h))
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, MLP; each a residual branch with pre- or post-norm."""
+
+    def __init__(self, config: ModelConfig, cross_attention: bool = False) -> None:
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.norm1, self.attn = make_norm(config), Attention(config)
+        if cross_attention:
+            self.norm_cross, self.cross_attn = make_norm(config), Attention(config, cross=True)
+        else:
+            self.norm_cross = self.cross_attn = None
+        self.norm2, self.mlp = make_norm(config), MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def _branch_in(self, x: Tensor, norm: nn.Module) -> Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def _branch_out(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
+        x = x + self.drop(y)
+        return x if self.pre_norm else norm(x)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        rope: tuple[Tensor, Tensor] | None,
+        memory: Tensor | None,
+        memory_mask: Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+    ) -> Tensor:
+        """x (B, T, d) -> (B, T, d)."""
+        y = self.attn(self._branch_in(x, self.norm1), mask, is_causal, rope, cache=cache, layer=layer)
+        x = self._branch_out(x, y, self.norm1)
+        if self.cross_attn is not None:
+            y = self.cross_attn(
+                self._branch_in(x, self.norm_cross), memory_mask, memory=memory, cache=cache, layer=layer
+            )
+            x = self._branch_out(x, y, self.norm_cross)
+        return self._branch_out(x, self.mlp(self._branch_in(x, self.norm2)), self.norm2)
+
+
+def self_attention_mask(
+    causal: bool,
+    query_len: int,
+    past_len: int,
+    key_mask: Tensor | None,
+    document_ids: Tensor | None,
+    prefix_lengths: Tensor | None,
+    explicit: bool,
+    device: torch.device,
+) -> tuple[Tensor | None, bool]:
+    """Self-attention mask -> (bool mask (B|1, 1, T, S) with True = may attend, or None; is_causal flag).
+
+    Query t (absolute position past_len + t) may see key s iff s <= past_len + t (when causal) or s < prefix
+    length (prefix-LM), and key s is real (key_mask), and both lie in the same document. A token always sees
+    itself, so no row is fully masked (padded rows give finite garbage instead of NaN). Without padding,
+    documents or prefixes the mask is None and causality goes to SDPA's ``is_causal`` (unless ``explicit``).
+    """
+    if key_mask is None and document_ids is None and prefix_lengths is None and not explicit:
+        if not causal or query_len == 1:  # a single new query sees the whole past
+            return None, False
+        if past_len == 0:
+            return None, True
+    q_pos = torch.arange(query_len, device=device)[:, None] + past_len  # (T, 1)
+    k_pos = torch.arange(past_len + query_len, device=device)[None, :]  # (1, S)
+    allowed = (k_pos <= q_pos) if causal else torch.ones_like(q_pos == k_pos)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if prefix_lengths is not None:
+        allowed = allowed | (k_pos < prefix_lengths[:, None, None, None])
+    if document_ids is not None:
+        allowed = allowed & (document_ids[:, None, :, None] == document_ids[:, None, None, :])
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :].bool()
+    return allowed | (k_pos == q_pos), False
+
+
+class Stack(nn.Module):
+    """Embedded tokens (B, T, d) -> n blocks -> final norm (pre-norm) -> (B, T, d)."""
+
+    def __init__(self, config: ModelConfig, n_layer: int, causal: bool, cross_attention: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.blocks = nn.ModuleList(Block(config, cross_attention) for _ in range(n_layer))
+        self.norm = make_norm(config) if config.norm_position == "pre" else None
+        self.rope = Rotary(config) if config.position == "rope" else None
+        self.relative_bias = (
+            RelativePositionBias(config, bidirectional=not causal) if config.position == "relative" else None
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        key_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        prefix_lengths: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        checkpointing: bool = False,
+    ) -> Tensor:
+        """x (B, T, d); positions (B|1, T); key_mask (B, T) 1 = real; memory (B, S_enc, d), memory_mask (B, S_enc)."""
+        B, T, _ = x.shape
+        past = 0
+        if cache is not None:
+            past = cache.seq_len
+            key_mask = cache.extend_mask(key_mask, B, T)
+        mask, is_causal = self_attention_mask(
+            self.causal,
+            T,
+            past,
+            key_mask,
+            document_ids,
+            prefix_lengths,
+            self.relative_bias is not None and self.causal,
+            x.device,
+        )
+        if self.relative_bias is not None:  # T5: bias (B|1, h, T, S) with the mask folded in
+            k_pos = positions if past == 0 else torch.arange(past + T, device=x.device)[None]
+            bias = self.relative_bias(positions, k_pos)
+            mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
+        rope = self.rope(positions) if self.rope is not None else None
+        cross_mask = (
+            memory_mask[:, None, None, :].bool() if memory_mask is not None else None
+        )  # (B, 1, 1, S_enc)
+        for i, block in enumerate(self.blocks):
+            args = (x, mask, is_causal, rope, memory, cross_mask, cache, i)
+            x = checkpoint(block, *args, use_reentrant=False) if checkpointing else block(*args)
+        return self.norm(x) if self.norm is not None else x
+
+
+class MLMTransform(nn.Module):
+    """BERT prediction-head transform: norm(act(dense(x))), (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.act = ACT_FNS[config.activation]  # gated activations use their gate non-linearity
+        self.norm = make_norm(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.act(self.dense(x)))
+
+
+class Pooler(nn.Module):
+    """BERT pooler: tanh(dense(x[:, 0])), (B, T, d) -> (B, d)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.dense(x[:, 0]))
+
+
+class Transformer(nn.Module):
+    """Decoder-only, encoder-only or encoder-decoder transformer described by a :class:`ModelConfig`.
+
+    Set ``gradient_checkpointing = True`` to recompute blocks in the backward pass, and ``check_inputs = False``
+    to skip the data-dependent token-id range check (one device sync per forward).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = Embeddings(config)
+        enc_dec = config.arch == "encoder-decoder"
+        self.encoder = Stack(config, config.n_layer, False, False) if config.arch != "decoder" else None
+        n_dec = config.n_decoder_layer if enc_dec else config.n_layer
+        self.decoder = Stack(config, n_dec, True, enc_dec) if config.arch != "encoder" else None
+        self.pooler = Pooler(config) if config.pooler else None
+        self.mlm_transform = MLMTransform(config) if config.mlm_head_transform else None
+        self.lm_head = (
+            nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias) if config.lm_head else None
+        )
+        self.init_weights()
+        if config.lm_head and config.tie_embeddings:
+            self.lm_head.weight = self.embed.tok.weight
+        self.gradient_checkpointing = False
+        self.check_inputs = True
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """gpt2: every weight N(0, init_std), residual output projections N(0, init_std / sqrt(2 n_layer))
+        (Radford et al. 2019); bert: every weight N(0, init_std); t5 (HF T5PreTrainedModel): linear weights
+        N(0, fan_in^-1/2) with query rows further scaled by d_h^-1/2 (T5 does not scale attention logits),
+        embeddings and an untied LM head N(0, 1), relative bias N(0, d^-1/2). Biases 0, norms 1."""
+        cfg = self.config
+        t5 = cfg.init == "t5"
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=module.in_features**-0.5 if t5 else cfg.init_std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=1.0 if t5 else cfg.init_std)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+        for module in self.modules():
+            if t5 and isinstance(module, Attention):
+                module.query_weight().mul_(cfg.head_dim**-0.5)
+            elif t5 and isinstance(module, RelativePositionBias):
+                nn.init.normal_(module.embedding.weight, std=cfg.d_model**-0.5)
+            elif cfg.init == "gpt2" and isinstance(module, (Attention, MLP)):
+                out = module.out if isinstance(module, Attention) else module.proj
+                nn.init.normal_(out.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+        if t5 and self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=1.0)
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        prefix_lengths: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T); attention_mask (B, T) 1 = real, 0 = padding; token_type_ids, position_ids,
+        document_ids (B, T) (block-diagonal attention within equal ids); prefix_lengths (B,) (decoder: the first
+        prefix_lengths[b] tokens attend bidirectionally). Encoder-decoder: input_ids feed the encoder,
+        decoder_input_ids (B, T_dec) the decoder. With ``cache`` only the new tokens are passed."""
+        cfg = self.config
+        if cfg.arch != "decoder" and prefix_lengths is not None:
+            raise ValueError("prefix_lengths is only supported for arch='decoder' (prefix-LM)")
+        if cache is None and use_cache:
+            if self.decoder is None:
+                raise ValueError("use_cache=True needs a decoder (arch 'decoder' or 'encoder-decoder')")
+            cache = KVCache(len(self.decoder.blocks))
+        encoder_hidden = None
+        if cfg.arch == "encoder":
+            hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, document_ids)
+        elif cfg.arch == "decoder":
+            hidden = self._run(
+                self.decoder,
+                input_ids,
+                attention_mask,
+                token_type_ids,
+                position_ids,
+                document_ids,
+                prefix_lengths,
+                cache=cache,
+            )
+        else:
+            if decoder_input_ids is None:
+                raise ValueError(
+                    "decoder_input_ids (B, T_dec) is required for arch='encoder-decoder' "
+                    "(targets shifted right, starting with decoder_start_token_id)"
+                )
+            memory_mask = attention_mask
+            if cache is not None and cache.has_encoder:  # encoder output already projected into the cache
+                memory_mask = cache.encoder_mask
+            else:
+                encoder_hidden = self.encode(
+                    input_ids, attention_mask, token_type_ids, position_ids, document_ids
+                )
+                if cache is not None:
+                    cache.encoder_mask = attention_mask
+            hidden = self._run(
+                self.decoder,
+                decoder_input_ids,
+                decoder_attention_mask,
+                None,
+                None,
+                None,
+                None,
+                memory=encoder_hidden,
+                memory_mask=memory_mask,
+                cache=cache,
+            )
+        return ModelOutput(
+            logits=self.logits(hidden) if self.lm_head is not None else None,
+            hidden_states=hidden,
+            encoder_hidden_states=encoder_hidden,
+            pooled_output=self.pooler(hidden) if self.pooler is not None else None,
+            cache=cache if use_cache else None,
+        )
+
+    def encode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Encoder stack only: input_ids (B, S) -> hidden states (B, S, d)."""
+        if self.encoder is None:
+            raise ValueError("encode() needs an encoder: config.arch must be 'encoder' or 'encoder-decoder'")
+        return self._run(
+            self.encoder, input_ids, attention_mask, token_type_ids, position_ids, document_ids, None
+        )
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Final hidden states (B, T, d) -> logits (B, T, V)."""
+        if self.config.logit_scale != 1.0:
+            hidden = hidden * self.config.logit_scale
+        if self.mlm_transform is not None:
+            hidden = self.mlm_transform(hidden)
+        return self.lm_head(hidden)
+
+    def _run(
+        self,
+        stack: Stack,
+        input_ids: Tensor | None,
+        attention_mask: Tensor | None,
+        token_type_ids: Tensor | None,
+        position_ids: Tensor | None,
+        document_ids: Tensor | None,
+        prefix_lengths: Tensor | None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Validate, embed, run one stack: (B, T) ids -> (B, T, d)."""
+        if input_ids is None or input_ids.dim() != 2:
+            raise ValueError("input_ids must be a (B, T) tensor of token ids")
+        past = cache.seq_len if cache is not None else 0
+        if document_ids is not None and past:
+            raise ValueError("document_ids cannot be combined with a non-empty cache")
+        self._check_inputs(input_ids, past, position_ids)
+        if position_ids is None:
+            position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
+        x = self.embed(input_ids, position_ids, token_type_ids)
+        return stack(
+            x,
+            position_ids,
+            attention_mask,
+            document_ids,
+            prefix_lengths,
+            memory,
+            memory_mask,
+            cache,
+            checkpointing=self.gradient_checkpointing and self.training,
+        )
+
+    def _check_inputs(self, input_ids: Tensor, past: int, position_ids: Tensor | None) -> None:
+        cfg = self.config
+        absolute = cfg.position in ("learned", "sinusoidal")
+        if absolute and past + input_ids.shape[1] > cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {past + input_ids.shape[1]} (input_ids + cache) exceeds max_seq_len="
+                f"{cfg.max_seq_len} of the {cfg.position} position embeddings; shorten input_ids"
+            )
+        if not self.check_inputs or input_ids.is_meta or torch.compiler.is_compiling():
+            return
+        low, high = torch.aminmax(input_ids)
+        if low < 0 or high >= cfg.vocab_size:
+            raise ValueError(
+                f"input_ids contain token id {int(high if high >= cfg.vocab_size else low)} outside "
+                f"[0, vocab_size={cfg.vocab_size}); check the tokenizer matches the model"
+            )
+        if absolute and position_ids is not None and int(position_ids.max()) >= cfg.max_seq_len:
+            raise ValueError(f"position_ids reach {int(position_ids.max())} >= max_seq_len={cfg.max_seq_len}")
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Number of (unique) parameters; ``exclude_embeddings`` drops the token, position and segment tables
+        (a tied LM head shares the token table and is dropped with it)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            tables = (self.embed.tok, self.embed.pos, self.embed.segment)
+            n -= sum(t.weight.numel() for t in tables if t is not None)
+        return n
+
+    def flops_per_token(self, seq_len: int, decoder_seq_len: int | None = None) -> float:
+        """Training (forward + backward) matmul FLOPs per input token, i.e. the 6N + 12 L h d_h T rule
+        (Kaplan et al. 2020) made exact for this model:
+
+            F(sample) = 6 * sum_W numel(W) * tokens(W) + 12 * h * d_h * sum_attention T_query * T_key
+            flops_per_token = F(sample) / seq_len
+
+        where W runs over every linear weight (attention, MLP, MLM transform, LM head, tied or not, pooler) and
+        tokens(W) is how many positions it is applied to: seq_len (= S) for the encoder / decoder-only stack,
+        decoder_seq_len (= T, default S) for the encoder-decoder decoder and its LM head, S for cross-attention
+        k, v projections, 1 for the pooler. Attention terms: S*S per encoder layer, T*T (self) + T*S (cross) per
+        decoder layer (decoder-only: S*S). Causal masking is not discounted (SDPA computes full tiles), and
+        embeddings, norms, biases and softmax are not counted. Forward = 1/3 of it.
+        """
+        cfg = self.config
+
+        def linear(module: nn.Module | None) -> int:
+            if module is None:
+                return 0
+            return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+        S = seq_len
+        T = (decoder_seq_len or seq_len) if cfg.arch == "encoder-decoder" else seq_len
+        per_attention = 12 * cfg.n_head * cfg.head_dim
+        flops = 6 * linear(self.pooler)
+        if self.encoder is not None:
+            flops += 6 * linear(self.encoder) * S + per_attention * len(self.encoder.blocks) * S * S
+        if self.decoder is not None:
+            cross_kv = sum(linear(b.cross_attn.kv) for b in self.decoder.blocks if b.cross_attn is not None)
+            cross = T * S if cfg.arch == "encoder-decoder" else 0
+            flops += 6 * (linear(self.decoder) - cross_kv) * T + 6 * cross_kv * S
+            flops += per_attention * len(self.decoder.blocks) * (T * T + cross)
+        flops += 6 * (linear(self.mlm_transform) + linear(self.lm_head)) * T
+        return flops / seq_len
