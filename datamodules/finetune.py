@@ -1,0 +1,281 @@
+"""``FinetuneDataModule``: labelled sentences or sentence pairs (GLUE layout) -> dynamically padded batches.
+
+Files are TSV (GLUE's layout: tab-separated, a header row, no quoting; headerless files such as CoLA name
+their columns "0", "1", ... by position) or JSON Lines (one object per line). A task names its text column(s)
+and its label column (``GLUE_TASKS`` holds the GLUE defaults; any of them can be overridden).
+
+Encoding follows BERT: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with ``token_type_ids`` 0 for the first
+segment and 1 for the second, truncated longest-first to ``max_length`` (what ``transformers`` tokenizers do
+with ``truncation=True``). The template is a ``tokenizers`` ``TemplateProcessing`` string (``$A``, ``$B``,
+special tokens by name, ``:1`` sets the type id); by default ``{cls} $A {sep}`` / ``{cls} $A {sep} $B:1
+{sep}:1`` with the tokenizer's cls/sep tokens (roles of ``datamodules.special_tokens``). Batches are padded
+to their longest row: ``input_ids``, ``attention_mask``, ``token_type_ids`` ``(B, T)`` and ``labels``
+``(B,)`` (class ids as int64, or float32 scores for regression).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import lightning as L
+import torch
+from tokenizers import Tokenizer
+from tokenizers.processors import TemplateProcessing
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from datamodules.special_tokens import special_token_id
+
+
+@dataclass(frozen=True)
+class TaskFormat:
+    """Where the texts and the label sit in a file, and whether the label is a class or a score."""
+
+    text_columns: tuple[str, ...]  # one (single sentence) or two (sentence pair)
+    label_column: str
+    regression: bool = False
+    header: bool = True  # TSV only: without a header, columns are named "0", "1", ... by position
+
+
+GLUE_TASKS: dict[str, TaskFormat] = {
+    "cola": TaskFormat(("3",), "1", header=False),
+    "sst2": TaskFormat(("sentence",), "label"),
+    "mrpc": TaskFormat(("#1 String", "#2 String"), "Quality"),
+    "stsb": TaskFormat(("sentence1", "sentence2"), "score", regression=True),
+    "qqp": TaskFormat(("question1", "question2"), "is_duplicate"),
+    "mnli": TaskFormat(("sentence1", "sentence2"), "gold_label"),
+    "qnli": TaskFormat(("question", "sentence"), "label"),
+    "rte": TaskFormat(("sentence1", "sentence2"), "label"),
+    "wnli": TaskFormat(("sentence1", "sentence2"), "label"),
+}
+
+
+def task_format(task: str) -> TaskFormat:
+    """GLUE defaults for ``task`` ("SST-2", "sst2", "STS-B", ... are all accepted)."""
+    key = task.lower().replace("-", "").replace("_", "")
+    if key not in GLUE_TASKS:
+        raise ValueError(
+            f"unknown task {task!r}; known: {sorted(GLUE_TASKS)} (or give text_columns/label_column)"
+        )
+    return GLUE_TASKS[key]
+
+
+def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
+    """``(column names, rows)`` of a TSV or JSONL file; ValueError names the file and line of a bad row."""
+    rows: list[dict] = []
+    if path.suffix in (".jsonl", ".json"):
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"{path} line {line_no}: not valid JSON ({err})") from err
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        return columns, rows
+    with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig: MRPC starts with a BOM
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        lines = [line for line in reader if line]
+    if not lines:
+        return [], []
+    columns = lines[0] if header else [str(i) for i in range(len(lines[0]))]
+    for line_no, line in enumerate(lines[1:] if header else lines, 2 if header else 1):
+        if len(line) != len(columns):
+            raise ValueError(
+                f"{path} line {line_no}: {len(line)} tab-separated fields, expected {len(columns)}"
+            )
+        rows.append(dict(zip(columns, line, strict=True)))
+    return columns, rows
+
+
+def _label_order(labels: set[str]) -> list[str]:
+    """Class names in a stable order: numerically if they are all integers ("0" < "2" < "10")."""
+    try:
+        return sorted(labels, key=int)
+    except ValueError:
+        return sorted(labels)
+
+
+def _template(tokenizer: Tokenizer, pair: bool, template: str | None, overrides: dict[str, str] | None):
+    if template is None:
+        cls, sep = (tokenizer.id_to_token(special_token_id(tokenizer, r, overrides)) for r in ("cls", "sep"))
+        template = f"{cls} $A {sep} $B:1 {sep}:1" if pair else f"{cls} $A {sep}"
+    pieces = [p.rsplit(":", 1)[0] if p.rsplit(":", 1)[-1].isdigit() else p for p in template.split()]
+    if sorted(p for p in pieces if p.startswith("$")) != (["$A", "$B"] if pair else ["$A"]):
+        raise ValueError(f"template {template!r} must contain {'$A and $B' if pair else '$A'} exactly once")
+    specials = []
+    for token in dict.fromkeys(p for p in pieces if not p.startswith("$")):
+        if tokenizer.token_to_id(token) is None:
+            raise ValueError(
+                f"template token {token!r} is not in the tokenizer; fix the template or the tokenizer"
+            )
+        specials.append((token, tokenizer.token_to_id(token)))
+    if pair:  # TemplateProcessing requires a single-sequence form too; pair data never uses it
+        return TemplateProcessing(single="$A", pair=template, special_tokens=specials)
+    return TemplateProcessing(single=template, special_tokens=specials)
+
+
+class PaddingCollate:
+    """Pads ``(input_ids, token_type_ids, label)`` examples to the longest in the batch."""
+
+    def __init__(self, pad_id: int, regression: bool):
+        self.pad_id, self.regression = pad_id, regression
+
+    def __call__(self, examples: list[tuple[list[int], list[int], float | int]]) -> dict[str, Tensor]:
+        width = max(len(ids) for ids, _, _ in examples)
+        batch = {
+            "input_ids": torch.full((len(examples), width), self.pad_id, dtype=torch.long),
+            "attention_mask": torch.zeros(len(examples), width, dtype=torch.long),
+            "token_type_ids": torch.zeros(len(examples), width, dtype=torch.long),
+        }
+        for b, (ids, types, _) in enumerate(examples):
+            batch["input_ids"][b, : len(ids)] = torch.tensor(ids)
+            batch["attention_mask"][b, : len(ids)] = 1
+            batch["token_type_ids"][b, : len(ids)] = torch.tensor(types)
+        dtype = torch.float32 if self.regression else torch.long
+        batch["labels"] = torch.tensor([label for _, _, label in examples], dtype=dtype)
+        return batch
+
+
+class FinetuneDataModule(L.LightningDataModule):
+    """Sentence(-pair) classification / regression batches from TSV or JSONL files.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` or a path for ``datamodules.tokenizer.load_tokenizer``.
+        train_file, val_file: labelled files; labels of ``val_file`` must occur in ``train_file``.
+        task: GLUE task name for the column defaults (``GLUE_TASKS``); ``text_columns``, ``label_column``,
+            ``regression`` and ``header`` override them (and are required without a task).
+        template: a ``TemplateProcessing`` string (see the module docstring); ``special_tokens`` maps roles
+            (cls, sep, pad) to token strings for tokenizers with other names (e.g. BERT's "[CLS]").
+        max_length: longest encoded example (truncated longest-first); micro_batch_size: rows per batch.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str | os.PathLike,
+        train_file: str | os.PathLike,
+        val_file: str | os.PathLike | None = None,
+        *,
+        task: str | None = None,
+        text_columns: Sequence[str] | None = None,
+        label_column: str | None = None,
+        regression: bool | None = None,
+        header: bool | None = None,
+        template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+        max_length: int = 128,
+        micro_batch_size: int = 32,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if task is None and (text_columns is None or label_column is None):
+            raise ValueError(
+                f"give task= (one of {sorted(GLUE_TASKS)}) or both text_columns and label_column"
+            )
+        fmt = task_format(task) if task is not None else TaskFormat(tuple(text_columns), label_column)
+        overrides = {"text_columns": text_columns and tuple(text_columns), "label_column": label_column}
+        overrides |= {"regression": regression, "header": header}
+        self.format = replace(fmt, **{k: v for k, v in overrides.items() if v is not None})
+        if len(self.format.text_columns) not in (1, 2):
+            raise ValueError(f"text_columns must name 1 or 2 columns, got {self.format.text_columns}")
+        self.files = {"train": Path(train_file)} | ({"val": Path(val_file)} if val_file is not None else {})
+        for path in self.files.values():
+            if not path.is_file():
+                raise FileNotFoundError(f"data file {path} not found")
+        for name, value in [("max_length", max_length), ("micro_batch_size", micro_batch_size)]:
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if isinstance(tokenizer, (str, os.PathLike)):
+            from datamodules.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        pair = len(self.format.text_columns) == 2
+        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: we set its template and truncation
+        self.tokenizer.post_processor = _template(self.tokenizer, pair, template, special_tokens)
+        self.tokenizer.enable_truncation(max_length)  # longest-first
+        self.tokenizer.no_padding()
+        self.pad_id = special_token_id(self.tokenizer, "pad", special_tokens)
+        self.micro_batch_size, self.num_workers, self.seed = micro_batch_size, num_workers, seed
+        self.label_names: list[str] | None = None  # classes in id order (None for regression)
+        self.examples: dict[str, list[tuple[list[int], list[int], float | int]]] = {}
+
+    @property
+    def num_labels(self) -> int:
+        """Output width of the head: the number of classes, or 1 for regression."""
+        if self.format.regression:
+            return 1
+        if self.label_names is None:
+            self.setup("fit")
+        assert self.label_names is not None
+        return len(self.label_names)
+
+    def _read(self, split: str) -> tuple[list, list]:
+        """Texts (str, or (str, str) pairs) and raw labels of one split, columns checked."""
+        path, fmt = self.files[split], self.format
+        columns, rows = read_table(path, fmt.header)
+        missing = [c for c in (*fmt.text_columns, fmt.label_column) if c not in columns]
+        if missing:
+            raise ValueError(
+                f"{path}: missing column(s) {missing}; available columns: {columns}; set text_columns / "
+                f"label_column (or header=False for a file without a header row)"
+            )
+        if not rows:
+            raise ValueError(f"{path} has no examples")
+        texts = [tuple(str(row[c]) for c in fmt.text_columns) for row in rows]
+        return [t[0] if len(t) == 1 else t for t in texts], [row[fmt.label_column] for row in rows]
+
+    def _label_ids(self, split: str, labels: list) -> list[float | int]:
+        path = self.files[split]
+        if self.format.regression:
+            try:
+                return [float(x) for x in labels]
+            except ValueError as err:
+                raise ValueError(f"{path}: regression labels must be numbers ({err})") from err
+        labels = [str(x) for x in labels]
+        if self.label_names is None:
+            self.label_names = _label_order(set(labels))
+        index = {name: i for i, name in enumerate(self.label_names)}
+        unseen = sorted(set(labels) - index.keys())
+        if unseen:
+            raise ValueError(
+                f"{path}: label(s) {unseen} do not occur in the training file {self.files['train']} "
+                f"(its labels: {self.label_names}); fix the file or the label_column"
+            )
+        return [index[x] for x in labels]
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read, check and tokenize every split (train first: it defines the label set)."""
+        for split in self.files:
+            if split not in self.examples:
+                texts, labels = self._read(split)
+                label_ids = self._label_ids(split, labels)
+                encodings = self.tokenizer.encode_batch(texts)
+                self.examples[split] = [
+                    (e.ids, e.type_ids, y) for e, y in zip(encodings, label_ids, strict=True)
+                ]
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        if split not in self.examples:
+            self.setup("fit")
+        return DataLoader(
+            self.examples[split],
+            batch_size=self.micro_batch_size,
+            shuffle=shuffle,
+            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
+            num_workers=self.num_workers,
+            collate_fn=PaddingCollate(self.pad_id, self.format.regression),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled by ``seed`` (under DDP Lightning substitutes its DistributedSampler)."""
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """File order; an empty list without ``val_file``."""
+        return self._loader("val", shuffle=False) if "val" in self.files else []
