@@ -1,0 +1,59 @@
+"""Pretraining objectives: pure, seeded functions of a packed batch of token ids (see ``objectives.base``).
+
+``build(name, tokenizer, **options)`` returns one by name: ``clm`` (GPT), ``mlm`` (BERT/RoBERTa),
+``span_corruption`` (T5), ``prefix_lm``, ``ul2`` (UL2 mixture of denoisers).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from objectives.base import Objective
+from objectives.clm import CausalLM
+from objectives.loss import IGNORE_INDEX, global_mean, micro_batch_loss, token_cross_entropy
+from objectives.mlm import MaskedLM
+from objectives.prefix_lm import PrefixLM
+from objectives.span_corruption import SpanCorruption
+from objectives.ul2 import UL2
+
+OBJECTIVES: dict[str, type[Objective]] = {
+    cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, PrefixLM, UL2)
+}
+
+
+def options(name: str) -> dict[str, object]:
+    """The options objective ``name`` accepts, with their defaults (``inspect.Parameter.empty`` = required)."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective {name!r}; valid objectives: {sorted(OBJECTIVES)}")
+    parameters = list(inspect.signature(OBJECTIVES[name].__init__).parameters.values())[2:]
+    return {p.name: p.default for p in parameters}
+
+
+def build(name: str, tokenizer, **kwargs) -> Objective:
+    """Objective ``name`` for ``tokenizer``; ValueError naming the valid names / options when one is wrong."""
+    valid = options(name)
+    unknown = sorted(set(kwargs) - set(valid))
+    missing = sorted(
+        k for k, default in valid.items() if default is inspect.Parameter.empty and k not in kwargs
+    )
+    if unknown or missing:
+        problem = f"unknown options {unknown}" if unknown else f"missing required options {missing}"
+        raise ValueError(f"objective {name!r}: {problem}; valid options: {sorted(valid)}")
+    return OBJECTIVES[name](tokenizer, **kwargs)
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "OBJECTIVES",
+    "UL2",
+    "CausalLM",
+    "MaskedLM",
+    "Objective",
+    "PrefixLM",
+    "SpanCorruption",
+    "build",
+    "global_mean",
+    "micro_batch_loss",
+    "options",
+    "token_cross_entropy",
+]

@@ -1,0 +1,229 @@
+"""The objective interface shared by all objectives (objectives/__init__.py, objectives/base.py), and the
+tiny tokenizer / packed corpus the other objective tests import."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import objectives
+from datamodules.special_tokens import all_special_tokens
+from objectives.base import row_generators
+
+CORPUS = Path(__file__).resolve().parents[1] / "recipes" / "data" / "tinyshakespeare.txt"
+ALL_OBJECTIVES = {
+    "clm": {"document_masking": True},
+    "mlm": {"span_masking": True, "whole_word_mask": True},
+    "span_corruption": {},
+    "prefix_lm": {},
+    "prefix_lm_encdec": {"arch": "encoder-decoder"},
+    "ul2": {"input_length": 64},
+}
+
+
+def corpus_paragraphs() -> list[str]:
+    """Paragraphs (speeches) of the shipped corpus: the 'documents' of the tests."""
+    return [p.strip() for p in CORPUS.read_text().split("\n\n") if p.strip()]
+
+
+@functools.cache
+def tiny_tokenizer(num_sentinels: int = 100, without: tuple[str, ...] = ()) -> Tokenizer:
+    """Byte-level BPE (1000 ids) trained on the first speeches of the corpus, with all special tokens
+    (``num_sentinels`` sentinels) except those in ``without``."""
+    specials = [t for t in all_special_tokens(num_sentinels) if t not in without]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(corpus_paragraphs()[:1500], trainer)
+    return tok
+
+
+@functools.cache
+def packed_stream(num_sentinels: int = 100) -> torch.Tensor:
+    """Token ids of the corpus's speeches, each followed by EOS, concatenated (1-D)."""
+    tok = tiny_tokenizer(num_sentinels)
+    eos = tok.token_to_id("</s>")
+    ids: list[int] = []
+    for enc in tok.encode_batch(corpus_paragraphs()[:3000]):
+        ids += [*enc.ids, eos]
+    return torch.tensor(ids)
+
+
+def packed_batch(batch_size: int, length: int, seed: int = 0, num_sentinels: int = 100) -> torch.Tensor:
+    """``(B, L)`` windows at random offsets of the packed stream, as the datamodule would sample them."""
+    stream = packed_stream(num_sentinels)
+    starts = torch.randint(
+        0, len(stream) - length, (batch_size,), generator=torch.Generator().manual_seed(seed)
+    )
+    return stream[starts[:, None] + torch.arange(length)]
+
+
+def build(key: str):
+    return objectives.build(key.removesuffix("_encdec"), tiny_tokenizer(), **ALL_OBJECTIVES[key])
+
+
+def generators(seeds) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+
+def assert_equal_batches(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k, value in a.items():
+        assert torch.equal(value, b[k]), k
+
+
+@pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))
+def test_deterministic_for_a_seed(key):
+    obj = build(key)
+    tokens = packed_batch(6, obj.raw_length(64))
+    first = obj(tokens, torch.Generator().manual_seed(3))
+    assert_equal_batches(first, obj(tokens, torch.Generator().manual_seed(3)))
+    if key != "clm":  # clm has no randomness
+        other = obj(tokens, torch.Generator().manual_seed(4))
+        assert any(not torch.equal(first[k], other[k]) for k in first)
+
+
+@pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))
+def test_per_sample_seeding_independent_of_batch_split(key):
+    obj = build(key)
+    tokens = packed_batch(8, obj.raw_length(64), seed=1)
+    seeds = range(100, 108)
+    whole = obj(tokens, generators(seeds))
+    halves = [obj(tokens[i : i + 3], generators(seeds[i : i + 3])) for i in (0, 3)] + [
+        obj(tokens[6:], generators(seeds[6:]))
+    ]
+    assert_equal_batches(whole, {k: torch.cat([h[k] for h in halves]) for k in whole})
+    samples = [obj.per_sample(tokens[i], g) for i, g in enumerate(generators(seeds))]
+    assert_equal_batches(whole, {k: torch.stack([s[k] for s in samples]) for k in whole})
+
+
+@pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))
+def test_outputs_are_forward_kwargs_plus_labels(key):
+    obj = build(key)
+    out = obj(packed_batch(3, obj.raw_length(64)), torch.Generator().manual_seed(0))
+    forward_kwargs = {
+        "input_ids", "attention_mask", "token_type_ids", "position_ids", "document_ids", "prefix_lengths",
+        "decoder_input_ids", "decoder_attention_mask",
+    }  # fmt: skip
+    assert {"input_ids", "attention_mask", "labels"} <= set(out) <= forward_kwargs | {"labels"}
+    assert all(v.dtype == torch.long and v.shape[0] == 3 for v in out.values())
+    assert out["input_ids"].shape[1] == 64
+    assert ("decoder_input_ids" in out) == ("encoder-decoder" in obj.architectures)
+
+
+def test_build_rejects_unknown_names_and_options():
+    tok = tiny_tokenizer()
+    with pytest.raises(
+        ValueError, match=r"valid objectives: \['clm', 'mlm', 'prefix_lm', 'span_corruption', 'ul2'\]"
+    ):
+        objectives.build("bert", tok)
+    with pytest.raises(ValueError, match=r"unknown options \['mask_prob'\].*mlm_probability"):
+        objectives.build("mlm", tok, mask_prob=0.2)
+    with pytest.raises(ValueError, match=r"missing required options \['input_length'\]"):
+        objectives.build("ul2", tok)
+
+
+@pytest.mark.parametrize(
+    ("key", "fits", "misfits"),
+    [
+        ("clm", "decoder", "encoder"),
+        ("mlm", "encoder", "decoder"),
+        ("span_corruption", "encoder-decoder", "decoder"),
+        ("prefix_lm", "decoder", "encoder-decoder"),
+        ("prefix_lm_encdec", "encoder-decoder", "decoder"),
+        ("ul2", "encoder-decoder", "encoder"),
+    ],
+)
+def test_architecture_check(key, fits, misfits):
+    obj = build(key)
+    obj.check_architecture(fits)
+    with pytest.raises(ValueError, match=f"arch={misfits!r}"):
+        obj.check_architecture(misfits)
+
+
+def test_required_tokens_are_declared():
+    assert build("mlm").required_tokens == ("<mask>", "<cls>", "<sep>", "<pad>")
+    assert set(build("span_corruption").required_tokens) == {"</s>", "<pad>", "<extra_id_0>"}
+    assert {"[NLU]", "[S2S]", "[NLG]", "<extra_id_0>"} <= set(build("ul2").required_tokens)
+    assert objectives.build("clm", tiny_tokenizer()).required_tokens == ()
+
+
+def test_special_token_overrides_map_roles():
+    gpt2_like = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<|endoftext|>": 2}, unk_token="a"))
+    with pytest.raises(ValueError, match="no eos token '</s>'"):
+        objectives.build("clm", gpt2_like, document_masking=True)
+    obj = objectives.build("clm", gpt2_like, document_masking=True, special_tokens={"eos": "<|endoftext|>"})
+    out = obj(torch.tensor([[0, 1, 2, 0, 1]]), torch.Generator())
+    assert out["document_ids"].tolist() == [[0, 0, 1, 1]]
+
+
+def test_row_generators_needs_one_per_row():
+    assert len(row_generators(torch.Generator().manual_seed(0), 5)) == 5
+    with pytest.raises(ValueError, match="2 generators for a batch of 3 rows"):
+        row_generators(generators([1, 2]), 3)
+
+
+def test_rejects_non_long_tokens():
+    with pytest.raises(ValueError, match="LongTensor"):
+        build("clm")(torch.zeros(2, 5, dtype=torch.int32), torch.Generator())
+
+
+class StandInDecoder(torch.nn.Module):
+    """One-layer causal decoder honouring position_ids, document_ids and prefix_lengths, used only while
+    ``pretrain.model.Transformer`` cannot be imported."""
+
+    def __init__(self, vocab_size: int, d: int = 32, max_len: int = 256):
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(vocab_size, d), torch.nn.Embedding(max_len, d)
+        self.qkv, self.head = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, vocab_size)
+
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, document_ids=None, prefix_lengths=None
+    ):
+        B, T = input_ids.shape
+        positions = torch.arange(T).expand(B, T) if position_ids is None else position_ids
+        x = self.tok(input_ids) + self.pos(positions)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        i = torch.arange(T)
+        allowed = (i[None, :] <= i[:, None])[None].expand(B, T, T)
+        if prefix_lengths is not None:
+            allowed = allowed | (i[None, None, :] < prefix_lengths[:, None, None])
+        if document_ids is not None:
+            allowed = allowed & (document_ids[:, :, None] == document_ids[:, None, :])
+        return self.head(x + torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+
+
+def tiny_model(arch: str, vocab_size: int):
+    """``(model, logits_fn)``: the real backbone (tiny, dropout off) when importable, else ``None`` for
+    encoders / encoder-decoders and the stand-in decoder."""
+    try:
+        from pretrain.config import ModelConfig
+        from pretrain.model import Transformer
+    except ImportError:
+        return (StandInDecoder(vocab_size), lambda m, **kw: m(**kw)) if arch == "decoder" else None
+    torch.manual_seed(0)
+    config = ModelConfig(
+        arch=arch, vocab_size=vocab_size, d_model=32, n_layer=2, n_head=2, max_seq_len=256, position="learned"
+    )
+    return Transformer(config).eval(), lambda m, **kw: m(**kw).logits
+
+
+@pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))
+def test_backbone_accepts_the_batch(key):
+    """Every key is a keyword argument of the backbone's forward, and the loss is finite."""
+    obj = build(key)
+    model = tiny_model(next(iter(obj.architectures)), tiny_tokenizer().get_vocab_size())
+    if model is None:
+        pytest.skip("pretrain.model.Transformer not importable yet")
+    batch = obj(packed_batch(2, obj.raw_length(64)), torch.Generator().manual_seed(0))
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        logits = model[1](model[0], **batch)
+    assert logits.shape[:2] == labels.shape
+    loss_sum, n = obj.loss(logits, labels)
+    assert n > 0 and torch.isfinite(loss_sum)
