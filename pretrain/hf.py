@@ -1,0 +1,509 @@
+"""Hugging Face interop: ``from_hf`` / ``to_hf`` / ``save_hf`` for GPT-2, BERT, T5 and Llama.
+
+transformers is used only here and only for conversion. Each family is a pair of config translations plus a table
+of weight rules ``(our name, HF names, transpose)``: our tensor is the concatenation along dim 0 of the HF tensors
+(fused q|k|v and gate|up projections), transposed first for GPT-2's ``Conv1D``. ``to_hf`` checks that the HF config
+it builds converts back to the same architecture, so a model HF cannot express raises ``ValueError`` naming the
+fields instead of exporting something else.
+
+transformers 5 notes: T5 always ties ``lm_head`` to ``shared`` in a freshly built model and reads the old
+``tie_word_embeddings=False`` as "do not scale decoder outputs" (``scale_decoder_outputs``); an untied T5 (v1.1)
+is built by untying after construction and loads untied because both weights are in the checkpoint. Tying is
+detected from the parameters themselves, never from the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pretrain.config import ModelConfig
+from pretrain.model import Transformer
+
+Rule = tuple[str, tuple[str, ...], bool]  # (our key, HF keys concatenated on dim 0, transpose each HF tensor)
+
+# Fields that do not change the function a model computes (or have no HF counterpart); not compared by to_hf.
+_UNCHECKED = {
+    "init",
+    "init_std",
+    "dropout",
+    "attn_dropout",
+    "pad_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+}
+
+
+def _linear(ours: str, hf: list[str], bias: bool, transpose: bool = False) -> list[Rule]:
+    rules = [(f"{ours}.weight", tuple(f"{k}.weight" for k in hf), transpose)]
+    if bias:
+        rules.append((f"{ours}.bias", tuple(f"{k}.bias" for k in hf), False))
+    return rules
+
+
+def _norm(ours: str, hf: str, bias: bool) -> list[Rule]:
+    return _linear(ours, [hf], bias)
+
+
+def _first(token_id: Any) -> int | None:
+    """HF allows lists of eos ids; we keep the first."""
+    return token_id[0] if isinstance(token_id, list | tuple) else token_id
+
+
+def _lookup(table: dict[str, str], key: str, what: str) -> str:
+    if key not in table:
+        raise ValueError(f"{what}={key!r} is not supported; supported: {sorted(table)}")
+    return table[key]
+
+
+# ---------------------------------------------------------------------------------------------------------- GPT-2
+_GPT2_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+
+
+def _gpt2_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    if c.add_cross_attention or c.scale_attn_by_inverse_layer_idx:
+        raise ValueError("GPT-2 with add_cross_attention or scale_attn_by_inverse_layer_idx is not supported")
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.n_embd,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        d_ff=c.n_inner or 4 * c.n_embd,
+        max_seq_len=c.n_positions,
+        norm="layernorm",
+        norm_eps=c.layer_norm_epsilon,
+        activation=_lookup(_GPT2_ACT, c.activation_function, "GPT2Config.activation_function"),
+        position="learned",
+        attn_scale="default" if c.scale_attn_weights else "none",
+        tie_embeddings=tied,
+        dropout=c.resid_pdrop,
+        attn_dropout=c.attn_pdrop,
+        init="gpt2",
+        init_std=c.initializer_range,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=_first(c.eos_token_id),
+    )
+
+
+def _gpt2_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+    return transformers.GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.max_seq_len,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=cfg.d_ff,
+        activation_function={"gelu_tanh": "gelu_new"}.get(cfg.activation, cfg.activation),
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.attn_dropout,
+        layer_norm_epsilon=cfg.norm_eps,
+        initializer_range=cfg.init_std,
+        scale_attn_weights=cfg.attn_scale == "default",
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=cfg.eos_token_id,
+        eos_token_id=cfg.eos_token_id,
+        pad_token_id=cfg.pad_token_id,
+    )
+
+
+def _gpt2_rules(cfg: ModelConfig) -> list[Rule]:
+    rules = _linear("embed.tok", ["transformer.wte"], False) + _linear(
+        "embed.pos", ["transformer.wpe"], False
+    )
+    for i in range(cfg.n_layer):
+        ours, hf = f"decoder.blocks.{i}", f"transformer.h.{i}"
+        rules += _norm(f"{ours}.norm1", f"{hf}.ln_1", True) + _norm(f"{ours}.norm2", f"{hf}.ln_2", True)
+        rules += _linear(f"{ours}.attn.qkv", [f"{hf}.attn.c_attn"], True, transpose=True)
+        rules += _linear(f"{ours}.attn.out", [f"{hf}.attn.c_proj"], True, transpose=True)
+        rules += _linear(f"{ours}.mlp.fc", [f"{hf}.mlp.c_fc"], True, transpose=True)
+        rules += _linear(f"{ours}.mlp.proj", [f"{hf}.mlp.c_proj"], True, transpose=True)
+    return rules + _norm("decoder.norm", "transformer.ln_f", True) + _linear("lm_head", ["lm_head"], False)
+
+
+# ----------------------------------------------------------------------------------------------------------- BERT
+_BERT_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+
+
+def _bert_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    if (
+        c.is_decoder
+        or c.add_cross_attention
+        or getattr(c, "position_embedding_type", "absolute") != "absolute"
+    ):
+        raise ValueError("only bidirectional BERT with absolute positions is supported (is_decoder=False)")
+    if c.type_vocab_size < 1:
+        raise ValueError("BERT always adds segment embeddings: type_vocab_size must be >= 1")
+    if head and pooler:
+        raise ValueError("BertForMaskedLM has no pooler: set pooler=False, or lm_head=False to export BertModel")
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layer=c.num_hidden_layers,
+        n_head=c.num_attention_heads,
+        d_ff=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings,
+        norm="layernorm",
+        norm_eps=c.layer_norm_eps,
+        norm_position="post",
+        embedding_norm=True,
+        activation=_lookup(_BERT_ACT, c.hidden_act, "BertConfig.hidden_act"),
+        position="learned",
+        type_vocab_size=c.type_vocab_size,
+        tie_embeddings=tied,
+        lm_head=head,
+        lm_head_bias=head,
+        mlm_head_transform=head,
+        pooler=pooler,
+        dropout=c.hidden_dropout_prob,
+        attn_dropout=c.attention_probs_dropout_prob,
+        init="bert",
+        init_std=c.initializer_range,
+        pad_token_id=c.pad_token_id,
+    )
+
+
+def _bert_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+    return transformers.BertConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        intermediate_size=cfg.d_ff,
+        hidden_act={"gelu_tanh": "gelu_new"}.get(cfg.activation, cfg.activation),
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.attn_dropout,
+        max_position_embeddings=cfg.max_seq_len,
+        type_vocab_size=cfg.type_vocab_size,
+        initializer_range=cfg.init_std,
+        layer_norm_eps=cfg.norm_eps,
+        pad_token_id=cfg.pad_token_id,
+        tie_word_embeddings=cfg.tie_embeddings,
+    )
+
+
+def _bert_rules(cfg: ModelConfig) -> list[Rule]:
+    p = "bert." if cfg.lm_head else ""  # BertForMaskedLM nests BertModel under "bert."
+    rules = _linear("embed.tok", [f"{p}embeddings.word_embeddings"], False)
+    rules += _linear("embed.pos", [f"{p}embeddings.position_embeddings"], False)
+    rules += _linear("embed.segment", [f"{p}embeddings.token_type_embeddings"], False)
+    rules += _norm("embed.norm", f"{p}embeddings.LayerNorm", True)
+    for i in range(cfg.n_layer):
+        ours, hf = f"encoder.blocks.{i}", f"{p}encoder.layer.{i}"
+        rules += _linear(
+            f"{ours}.attn.qkv", [f"{hf}.attention.self.{n}" for n in ("query", "key", "value")], True
+        )
+        rules += _linear(f"{ours}.attn.out", [f"{hf}.attention.output.dense"], True)
+        rules += _norm(f"{ours}.norm1", f"{hf}.attention.output.LayerNorm", True)
+        rules += _linear(f"{ours}.mlp.fc", [f"{hf}.intermediate.dense"], True)
+        rules += _linear(f"{ours}.mlp.proj", [f"{hf}.output.dense"], True)
+        rules += _norm(f"{ours}.norm2", f"{hf}.output.LayerNorm", True)
+    if cfg.pooler:
+        rules += _linear("pooler.dense", [f"{p}pooler.dense"], True)
+    if cfg.lm_head:
+        rules += _linear("mlm_transform.dense", ["cls.predictions.transform.dense"], True)
+        rules += _norm("mlm_transform.norm", "cls.predictions.transform.LayerNorm", True)
+        rules += [
+            ("lm_head.weight", ("cls.predictions.decoder.weight",), False),
+            ("lm_head.bias", ("cls.predictions.bias",), False),
+        ]
+    return rules
+
+
+# ------------------------------------------------------------------------------------------------------------- T5
+_T5_ACT = {  # (is_gated_act, dense_act_fn) -> ours; "gated-gelu" means the tanh approximation ("gelu_new")
+    (False, "relu"): "relu",
+    (False, "gelu"): "gelu",
+    (False, "gelu_new"): "gelu_tanh",
+    (True, "gelu_new"): "geglu_tanh",
+    (True, "silu"): "swiglu",
+    (True, "relu"): "reglu",
+}
+_T5_FF_PROJ = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_tanh": "gelu_new",
+    "geglu_tanh": "gated-gelu",
+    "swiglu": "gated-silu",
+    "reglu": "gated-relu",
+}
+
+
+def _t5_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    act = _T5_ACT.get((c.is_gated_act, c.dense_act_fn))
+    if act is None:
+        raise ValueError(f"T5Config.feed_forward_proj={c.feed_forward_proj!r} is not supported")
+    start = getattr(c, "decoder_start_token_id", None)
+    return ModelConfig(
+        arch="encoder-decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.d_model,
+        n_layer=c.num_layers,
+        n_decoder_layer=c.num_decoder_layers,
+        n_head=c.num_heads,
+        head_dim=c.d_kv,
+        d_ff=c.d_ff,
+        norm="rmsnorm",
+        norm_bias=False,
+        norm_eps=c.layer_norm_epsilon,
+        activation=act,
+        mlp_bias=False,
+        attn_bias=False,
+        attn_scale="none",
+        position="relative",
+        relative_num_buckets=c.relative_attention_num_buckets,
+        relative_max_distance=c.relative_attention_max_distance,
+        tie_embeddings=tied,
+        logit_scale=c.d_model**-0.5 if c.scale_decoder_outputs else 1.0,
+        dropout=c.dropout_rate,
+        init="t5",
+        pad_token_id=c.pad_token_id,
+        eos_token_id=_first(c.eos_token_id),
+        decoder_start_token_id=c.pad_token_id if start is None else start,
+    )
+
+
+def _t5_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+    return transformers.T5Config(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        d_kv=cfg.head_dim,
+        d_ff=cfg.d_ff,
+        num_layers=cfg.n_layer,
+        num_decoder_layers=cfg.n_decoder_layer,
+        num_heads=cfg.n_head,
+        relative_attention_num_buckets=cfg.relative_num_buckets,
+        relative_attention_max_distance=cfg.relative_max_distance,
+        dropout_rate=cfg.dropout,
+        layer_norm_epsilon=cfg.norm_eps,
+        feed_forward_proj=_T5_FF_PROJ.get(cfg.activation, "relu"),
+        tie_word_embeddings=cfg.logit_scale != 1.0,  # transformers 5: only selects the d_model**-0.5 scaling
+        pad_token_id=cfg.pad_token_id,
+        eos_token_id=cfg.eos_token_id,
+        decoder_start_token_id=cfg.decoder_start_token_id,
+    )
+
+
+def _t5_rules(cfg: ModelConfig) -> list[Rule]:
+    fc = ["wi_0", "wi_1"] if cfg.gated else ["wi"]
+    rules = _linear("embed.tok", ["shared"], False)
+    for side, n_layer in (("encoder", cfg.n_layer), ("decoder", cfg.n_decoder_layer)):
+        rules += _linear(
+            f"{side}.relative_bias.embedding",
+            [f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias"],
+            False,
+        )
+        for i in range(n_layer):
+            ours, hf = f"{side}.blocks.{i}", f"{side}.block.{i}.layer"
+            attn = f"{hf}.0.SelfAttention"
+            rules += _norm(f"{ours}.norm1", f"{hf}.0.layer_norm", False)
+            rules += _linear(f"{ours}.attn.qkv", [f"{attn}.{n}" for n in "qkv"], False)
+            rules += _linear(f"{ours}.attn.out", [f"{attn}.o"], False)
+            ff = f"{hf}.1"
+            if side == "decoder":
+                cross, ff = f"{hf}.1.EncDecAttention", f"{hf}.2"
+                rules += _norm(f"{ours}.norm_cross", f"{hf}.1.layer_norm", False)
+                rules += _linear(f"{ours}.cross_attn.q", [f"{cross}.q"], False)
+                rules += _linear(f"{ours}.cross_attn.kv", [f"{cross}.k", f"{cross}.v"], False)
+                rules += _linear(f"{ours}.cross_attn.out", [f"{cross}.o"], False)
+            rules += _norm(f"{ours}.norm2", f"{ff}.layer_norm", False)
+            rules += _linear(f"{ours}.mlp.fc", [f"{ff}.DenseReluDense.{n}" for n in fc], False)
+            rules += _linear(f"{ours}.mlp.proj", [f"{ff}.DenseReluDense.wo"], False)
+        rules += _norm(f"{side}.norm", f"{side}.final_layer_norm", False)
+    return rules + _linear("lm_head", ["lm_head"], False)
+
+
+# ---------------------------------------------------------------------------------------------------------- Llama
+_LLAMA_ACT = {
+    "silu": "swiglu",
+    "gelu": "geglu",
+    "gelu_pytorch_tanh": "geglu_tanh",
+    "gelu_new": "geglu_tanh",
+    "relu": "reglu",
+}
+
+
+def _llama_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    rope = c.rope_parameters or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"Llama rope_type={rope.get('rope_type')!r} is not supported (only 'default')")
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layer=c.num_hidden_layers,
+        n_head=c.num_attention_heads,
+        n_kv_head=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        d_ff=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings,
+        norm="rmsnorm",
+        norm_bias=False,
+        norm_eps=c.rms_norm_eps,
+        activation=_lookup(_LLAMA_ACT, c.hidden_act, "LlamaConfig.hidden_act"),
+        mlp_bias=c.mlp_bias,
+        attn_bias=c.attention_bias,
+        position="rope",
+        rope_theta=rope.get("rope_theta", 1e4),
+        tie_embeddings=tied,
+        attn_dropout=c.attention_dropout,
+        init="bert",
+        init_std=c.initializer_range,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=_first(c.eos_token_id),
+    )
+
+
+def _llama_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+    act = {v: k for k, v in _LLAMA_ACT.items() if k != "gelu_new"}.get(cfg.activation, "silu")
+    return transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_kv_head,
+        head_dim=cfg.head_dim,
+        hidden_act=act,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        attention_bias=cfg.attn_bias,
+        mlp_bias=cfg.mlp_bias,
+        attention_dropout=cfg.attn_dropout,
+        initializer_range=cfg.init_std,
+        pad_token_id=cfg.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=cfg.eos_token_id,
+    )
+
+
+def _llama_rules(cfg: ModelConfig) -> list[Rule]:
+    rules = _linear("embed.tok", ["model.embed_tokens"], False)
+    for i in range(cfg.n_layer):
+        ours, hf = f"decoder.blocks.{i}", f"model.layers.{i}"
+        rules += _norm(f"{ours}.norm1", f"{hf}.input_layernorm", False)
+        rules += _norm(f"{ours}.norm2", f"{hf}.post_attention_layernorm", False)
+        rules += _linear(f"{ours}.attn.qkv", [f"{hf}.self_attn.{n}_proj" for n in "qkv"], cfg.attn_bias)
+        rules += _linear(f"{ours}.attn.out", [f"{hf}.self_attn.o_proj"], cfg.attn_bias)
+        rules += _linear(f"{ours}.mlp.fc", [f"{hf}.mlp.gate_proj", f"{hf}.mlp.up_proj"], cfg.mlp_bias)
+        rules += _linear(f"{ours}.mlp.proj", [f"{hf}.mlp.down_proj"], cfg.mlp_bias)
+    return rules + _norm("decoder.norm", "model.norm", False) + _linear("lm_head", ["lm_head"], False)
+
+
+@dataclass(frozen=True)
+class _Family:
+    name: str
+    config: Callable[[Any, bool, bool, bool], ModelConfig]  # (HF config, tied, has LM head, has pooler)
+    hf_config: Callable[[ModelConfig, Any], Any]
+    rules: Callable[[ModelConfig], list[Rule]]
+
+
+_GPT2 = _Family("GPT2LMHeadModel", _gpt2_config, _gpt2_hf_config, _gpt2_rules)
+_BERT = _Family("BertForMaskedLM", _bert_config, _bert_hf_config, _bert_rules)
+_T5 = _Family("T5ForConditionalGeneration", _t5_config, _t5_hf_config, _t5_rules)
+_LLAMA = _Family("LlamaForCausalLM", _llama_config, _llama_hf_config, _llama_rules)
+_BY_CLASS = {f.name: f for f in (_GPT2, _BERT, _T5, _LLAMA)} | {"BertModel": _BERT}
+
+
+def _family_of(cfg: ModelConfig) -> _Family:
+    if cfg.arch == "encoder-decoder":
+        return _T5
+    if cfg.arch == "encoder":
+        return _BERT
+    return _LLAMA if cfg.position == "rope" else _GPT2
+
+
+def _hf_class_name(cfg: ModelConfig) -> str:
+    return "BertModel" if cfg.arch == "encoder" and not cfg.lm_head else _family_of(cfg).name
+
+
+def _is_tied(hf_model: Any) -> bool:
+    out = hf_model.get_output_embeddings()
+    return out is not None and out.weight.data_ptr() == hf_model.get_input_embeddings().weight.data_ptr()
+
+
+def from_hf(hf_model: Any) -> Transformer:
+    """A :class:`Transformer` with the architecture and weights of a transformers GPT2LMHeadModel,
+    BertForMaskedLM, BertModel (no LM head; pooler kept), T5ForConditionalGeneration or LlamaForCausalLM."""
+    name = type(hf_model).__name__
+    if name not in _BY_CLASS:
+        raise ValueError(f"from_hf supports {sorted(_BY_CLASS)}, got {name}")
+    family = _BY_CLASS[name]
+    head = name != "BertModel"
+    pooler = getattr(hf_model, "pooler", None) is not None
+    config = family.config(hf_model.config, _is_tied(hf_model) if head else True, head, pooler)
+    hf_state = hf_model.state_dict()
+    state = {}
+    for ours, keys, transpose in family.rules(config):
+        parts = [hf_state[k].t() if transpose else hf_state[k] for k in keys]
+        state[ours] = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+    model = Transformer(config)
+    model.load_state_dict(state, strict=True)
+    return model.to(hf_model.dtype).train(hf_model.training)
+
+
+def to_hf(model: Transformer) -> Any:
+    """The equivalent transformers model (same weights, same outputs); ValueError if no supported HF class can
+    express ``model.config``."""
+    import transformers
+
+    cfg = model.config
+    family = _family_of(cfg)
+    hf_config = family.hf_config(cfg, transformers)
+    back = family.config(hf_config, cfg.tie_embeddings, cfg.lm_head, cfg.pooler)
+    ignored = _UNCHECKED | ({"max_seq_len"} if cfg.position == "relative" else set())
+    diff = [
+        f.name
+        for f in dataclasses.fields(cfg)
+        if f.name not in ignored and getattr(cfg, f.name) != getattr(back, f.name)
+    ]
+    if diff:
+        fields = ", ".join(f"{k}={getattr(cfg, k)!r} (HF gives {getattr(back, k)!r})" for k in diff)
+        raise ValueError(f"{_hf_class_name(cfg)} cannot express this model: {fields}")
+    hf_model = getattr(transformers, _hf_class_name(cfg))(hf_config)
+    if cfg.lm_head and not cfg.tie_embeddings and _is_tied(hf_model):  # transformers 5 T5 always ties lm_head
+        out = hf_model.get_output_embeddings()
+        out.weight = nn.Parameter(out.weight.detach().clone())
+        hf_model.all_tied_weights_keys = {
+            k: v for k, v in hf_model.all_tied_weights_keys.items() if not k.startswith("lm_head")
+        }
+    ours, hf_shapes = model.state_dict(), {k: v.shape for k, v in hf_model.state_dict().items()}
+    state = {}
+    for key, keys, transpose in family.rules(cfg):
+        sizes = [hf_shapes[k][-1 if transpose else 0] for k in keys]
+        for k, part in zip(keys, ours[key].split(sizes, dim=0), strict=True):
+            state[k] = part.t() if transpose else part
+    missing, unexpected = hf_model.load_state_dict(state, strict=False)
+    untied = set(missing) - set(hf_model.all_tied_weights_keys)
+    if unexpected or untied:
+        raise RuntimeError(f"weight mapping mismatch: missing {sorted(untied)}, unexpected {unexpected}")
+    return hf_model.to(next(model.parameters()).dtype).train(model.training)
+
+
+def save_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None) -> Path:
+    """Write ``out_dir/config.json`` + ``model.safetensors`` (transformers ``from_pretrained`` format) and, given
+    ``tokenizer_path`` (a tokenizer.json or a directory holding one), the tokenizer files."""
+    tokenizer_file = None
+    if tokenizer_path is not None:
+        tokenizer_file = Path(tokenizer_path)
+        if tokenizer_file.is_dir():
+            tokenizer_file = tokenizer_file / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise FileNotFoundError(f"tokenizer_path: no tokenizer.json at {tokenizer_file}")
+    out_dir = Path(out_dir)
+    to_hf(model).save_pretrained(out_dir, safe_serialization=True)
+    if tokenizer_file is not None:
+        import transformers
+
+        transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file)).save_pretrained(out_dir)
+    return out_dir

