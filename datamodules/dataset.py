@@ -36,7 +36,8 @@ class PackedDataset(Dataset):
     def __init__(self, tokens: np.ndarray, sample_length: int, name: str = "corpus"):
         if sample_length < 1:
             raise ValueError(f"sample_length must be >= 1, got {sample_length}")
-        self.tokens, self.sample_length, self.name = tokens, sample_length, name
+        self.tokens = np.asarray(tokens)  # a plain view (no copy): indexing a np.memmap is slower
+        self.sample_length, self.name = sample_length, name
         self.num_samples = len(tokens) // sample_length
         if self.num_samples == 0:
             raise ValueError(

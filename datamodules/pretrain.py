@@ -3,7 +3,7 @@
 Per sample the datamodule reads ``objective.raw_length(seq_len)`` raw tokens (``seq_len + 1`` for causal LM,
 the longer raw span for T5 span corruption) from the prepared ``train`` split of each directory
 (``datamodules.dataset``), and the collate function applies the objective. The objective's randomness for a
-sample comes from its own generator seeded by ``(seed, split, epoch, position)``, so batches do not depend on
+sample comes from its own generator seeded by a hash of ``(seed, split, epoch, position)``, so batches do not depend on
 ``num_workers``. Validation reads each directory's ``val`` split in fixed order (no shuffle).
 
 Resume (exact, mid-epoch, any ``num_workers``): the state is ``(seed, epoch, consumed_samples)`` where
@@ -44,13 +44,24 @@ class Objective(Protocol):
     def __call__(self, tokens: Tensor, generator: torch.Generator) -> dict[str, Tensor]: ...
 
 
-def sample_seed(seed: int, stream: int, epoch: int, position: int) -> int:
-    """A 64-bit generator seed for one sample, well mixed (``numpy.random.SeedSequence``)."""
-    return int(np.random.SeedSequence([seed, stream, epoch, position]).generate_state(1, np.uint64)[0])
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (Steele et al. 2014): a bijective, well-mixing hash of uint64 ``x``."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def sample_seeds(seed: int, stream: int, epochs: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``(B,)`` uint64 generator seeds, one per sample: a hash chain over (seed, stream, epoch, position)."""
+    h = _splitmix64(np.full(len(epochs), seed, dtype=np.uint64))
+    for value in (np.uint64(stream), np.asarray(epochs, np.uint64), np.asarray(positions, np.uint64)):
+        h = _splitmix64(h ^ value)
+    return h
 
 
 class ObjectiveCollate:
-    """``list[Sample]`` -> the objective's batch dict; row b uses its own generator (see ``sample_seed``)."""
+    """``list[Sample]`` -> the objective's batch dict; row b uses its own generator (see ``sample_seeds``)."""
 
     def __init__(self, objective: Objective, seed: int, epoch_size: int, split: str):
         self.objective, self.seed, self.epoch_size = objective, seed, epoch_size
@@ -58,11 +69,11 @@ class ObjectiveCollate:
 
     def __call__(self, samples: list[Sample]) -> dict[str, Tensor]:
         tokens = torch.from_numpy(np.stack([s.tokens for s in samples]))  # (B, L) int64
-        rows = []
-        for sample, row in zip(samples, tokens, strict=True):
-            epoch, position = divmod(sample.index, self.epoch_size)
-            generator = torch.Generator().manual_seed(sample_seed(self.seed, self.stream, epoch, position))
-            rows.append(self.objective(row[None], generator))
+        epochs, positions = np.divmod([s.index for s in samples], self.epoch_size)
+        rows = [
+            self.objective(row[None], torch.Generator().manual_seed(int(seed)))
+            for row, seed in zip(tokens, sample_seeds(self.seed, self.stream, epochs, positions), strict=True)
+        ]
         return {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
 
 

@@ -220,3 +220,33 @@ def test_lightning_checkpoint_resume_is_exact(prepared, tmp_path, num_workers):
         ckpt = next((tmp_path / "run").glob(f"*step={step}.ckpt"))
         resumed = fit(make(), 35, tmp_path / f"resume{step}", ckpt_path=ckpt)
         assert_same(resumed, reference[step:])
+
+
+@pytest.mark.parametrize("name", ["clm", "mlm", "span_corruption", "prefix_lm", "ul2"])
+def test_every_objective_gets_samples_of_its_raw_length(tmp_path, name):
+    objectives = pytest.importorskip("objectives")
+    from tokenizers import Tokenizer, models
+
+    from datamodules.special_tokens import all_special_tokens
+
+    specials = all_special_tokens()
+    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(200)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    seq_len = 32
+    objective = objectives.build(name, tokenizer, **({"input_length": seq_len} if name == "ul2" else {}))
+    root = tmp_path / "words"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        words = rng.integers(len(specials), len(vocab), 40 * objective.raw_length(seq_len))
+        write_indexed(root / split, np.array_split(words, 10), np.uint16)
+
+    def batches(num_workers: int) -> list[dict[str, torch.Tensor]]:
+        dm = PretrainDataModule(root, objective, seq_len=seq_len, micro_batch_size=4, num_workers=num_workers)
+        dm.setup("fit")
+        assert dm.train_set.datasets[0].sample_length == objective.raw_length(seq_len)
+        return read(dm, 3)
+
+    first = batches(0)
+    assert first[0]["input_ids"].shape == (4, seq_len) and "labels" in first[0]
+    assert_same(first, batches(2))
