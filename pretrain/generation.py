@@ -1,0 +1,143 @@
+"""Autoregressive generation with the KV cache: greedy, temperature, top-k and top-p (nucleus) sampling.
+
+One prefill forward over the prompt fills the cache (and, for encoder-decoder models, encodes the source and
+projects its keys/values once); every later step feeds only the newest token. Token choice is a separate pure
+function of the last logits (:func:`next_token`), so other search strategies (beam search) can reuse
+:func:`pretrain.model.KVCache` and the step loop.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from pretrain.model import Transformer
+
+
+def next_token(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Choose one token per row of logits (B, V) -> (B,).
+
+    greedy: argmax. Otherwise sample from softmax(logits / temperature) restricted to the top_k most likely
+    tokens and to the smallest set of most likely tokens whose probability reaches top_p (Holtzman et al. 2020).
+    """
+    if greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # the tokens before already reach top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+
+
+def _check_args(
+    max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None, greedy: bool
+) -> None:
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not greedy and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
+
+
+@torch.no_grad()
+def generate(
+    model: Transformer,
+    input_ids: Tensor | None,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    generator: torch.Generator | None = None,
+    attention_mask: Tensor | None = None,
+    encoder_input_ids: Tensor | None = None,
+    encoder_attention_mask: Tensor | None = None,
+) -> Tensor:
+    """Extend ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + n).
+
+    Decoder-only: ``input_ids`` is the prompt, left-padded where ``attention_mask`` (B, T) is 0 (positions then
+    count real tokens only). Encoder-decoder: ``encoder_input_ids`` (B, S) (+ ``encoder_attention_mask``) is the
+    source and ``input_ids`` the decoder prefix (default: one ``decoder_start_token_id``). A row stops at
+    ``eos_token_id`` (default ``config.eos_token_id``) and is filled with ``pad_token_id`` (default: config pad,
+    else eos) afterwards; generation ends when every row has stopped. ``generator`` (on the model's device) makes
+    sampling reproducible. The model runs in eval mode; its training flag is restored afterwards.
+    """
+    cfg = model.config
+    _check_args(max_new_tokens, temperature, top_k, top_p, greedy)
+    if cfg.arch == "encoder" or not cfg.lm_head:
+        raise ValueError("generate needs arch 'decoder' or 'encoder-decoder' with an LM head")
+    enc_dec = cfg.arch == "encoder-decoder"
+    if enc_dec:
+        if encoder_input_ids is None:
+            raise ValueError("encoder_input_ids (B, S) is required for an encoder-decoder model")
+        if input_ids is None:
+            if cfg.decoder_start_token_id is None:
+                raise ValueError("pass input_ids or set ModelConfig.decoder_start_token_id")
+            input_ids = encoder_input_ids.new_full(
+                (encoder_input_ids.shape[0], 1), cfg.decoder_start_token_id
+            )
+    elif input_ids is None:
+        raise ValueError("input_ids (B, T) prompt is required for a decoder-only model")
+    eos = cfg.eos_token_id if eos_token_id is None else eos_token_id
+    pad = next((t for t in (pad_token_id, cfg.pad_token_id, eos) if t is not None), 0)
+
+    if enc_dec:
+        inputs = {
+            "input_ids": encoder_input_ids,
+            "attention_mask": encoder_attention_mask,
+            "decoder_input_ids": input_ids,
+        }
+        positions = None
+    else:
+        positions = None if attention_mask is None else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
+
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(**inputs, use_cache=True)
+        tokens, finished = (
+            input_ids,
+            torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device),
+        )
+        for step in range(max_new_tokens):
+            new = next_token(
+                out.logits[:, -1],
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                greedy=greedy,
+                generator=generator,
+            )
+            if eos is not None:
+                new = new.masked_fill(finished, pad)
+                finished = finished | (new == eos)
+            tokens = torch.cat([tokens, new[:, None]], dim=1)
+            if step == max_new_tokens - 1 or bool(finished.all()):
+                break
+            if positions is not None:
+                positions = positions[:, -1:] + 1
+            key = "decoder_input_ids" if enc_dec else "input_ids"
+            out = model(**{key: new[:, None]}, position_ids=positions, cache=out.cache, use_cache=True)
+    finally:
+        model.train(was_training)
+    return tokens
