@@ -38,6 +38,12 @@ class PackedDataset(Dataset):
             raise ValueError(f"sample_length must be >= 1, got {sample_length}")
         self.tokens = np.asarray(tokens)  # a plain view (no copy): indexing a np.memmap is slower
         self.sample_length, self.name = sample_length, name
+        # a memory-mapped file is pickled as its location (spawned workers re-map it instead of copying it)
+        self._mapping = (
+            (tokens.filename, tokens.dtype, tokens.offset, tokens.shape)
+            if isinstance(tokens, np.memmap) and tokens.filename
+            else None
+        )
         self.num_samples = len(tokens) // sample_length
         if self.num_samples == 0:
             raise ValueError(
@@ -47,6 +53,15 @@ class PackedDataset(Dataset):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "tokens": None} if self._mapping else self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._mapping:
+            filename, dtype, offset, shape = self._mapping
+            self.tokens = np.asarray(np.memmap(filename, dtype=dtype, mode="r", offset=offset, shape=shape))
 
     def __getitem__(self, i: int) -> np.ndarray:
         """Sample ``i`` as int64 ``(L,)``."""

@@ -3,8 +3,9 @@
 Per sample the datamodule reads ``objective.raw_length(seq_len)`` raw tokens (``seq_len + 1`` for causal LM,
 the longer raw span for T5 span corruption) from the prepared ``train`` split of each directory
 (``datamodules.dataset``), and the collate function applies the objective. The objective's randomness for a
-sample comes from its own generator seeded by a hash of ``(seed, split, epoch, position)``, so batches do not depend on
-``num_workers``. Validation reads each directory's ``val`` split in fixed order (no shuffle).
+sample comes from its own generator seeded by a hash of ``(seed, split, epoch, position)``, so batches do not
+depend on ``num_workers``. Validation reads the directories' ``val`` splits in fixed order (no shuffle),
+blended with the same weights.
 
 Resume (exact, mid-epoch, any ``num_workers``): the state is ``(seed, epoch, consumed_samples)`` where
 ``consumed_samples`` counts global samples of ``epoch`` that the *training loop received*. Samplers and
@@ -13,8 +14,9 @@ calls for every training batch right before ``training_step`` -- not by the samp
 ``LightningDataModule.state_dict()`` in every checkpoint (``CheckpointConnector.dump_checkpoint``) and calls
 ``load_state_dict`` on ``fit(ckpt_path=...)`` before it builds the dataloaders, so ``train_dataloader()``
 starts at exactly the next sample. Loops driven by hand call ``advance()`` once per batch they consume.
-Note: this datamodule's ``on_after_batch_transfer`` takes precedence over a LightningModule's (Lightning's
-rule).
+Notes: this datamodule's ``on_after_batch_transfer`` takes precedence over a LightningModule's (Lightning's
+rule); Lightning's warning "resuming from a checkpoint that ended before the epoch ended and your dataloader
+is not resumable" does not apply here (it looks for a stateful DataLoader, not for the datamodule's state).
 """
 
 from __future__ import annotations

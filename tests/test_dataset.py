@@ -182,3 +182,18 @@ def test_resume_state_must_fit_the_global_batch():
     assert sampler.state_dict() == {"epoch": 2, "consumed_samples": 0}
     sampler.set_epoch(2)  # Lightning's call at the start of that epoch keeps the position
     assert sampler.state_dict() == {"epoch": 2, "consumed_samples": 0}
+
+
+def test_memory_mapped_corpus_pickles_as_its_location(tmp_path):
+    import pickle
+
+    from datamodules.indexed import IndexedDataset, write_indexed
+
+    write_indexed(tmp_path / "train", [np.arange(1000)], np.uint16)
+    ds = PackedDataset(IndexedDataset(tmp_path / "train").tokens, 10)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 1000  # the location, not the 2000 bytes of tokens
+    again = pickle.loads(blob)
+    np.testing.assert_array_equal(again[7], np.arange(70, 80))
+    plain = PackedDataset(np.arange(100), 10)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(plain))[3], np.arange(30, 40))
