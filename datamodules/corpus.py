@@ -1,0 +1,347 @@
+"""Reading raw corpora as a stream of documents, with bounded memory.
+
+Inputs (``resolve_sources``): plain-text files (any suffix not below, optionally ``.gz``), JSON Lines
+(``.jsonl``/``.json``, one record per line, text in ``text_field``), Parquet (``.parquet``, column
+``text_field``), a directory (its files of those kinds, sorted; or a ``datasets.save_to_disk`` directory),
+a glob pattern, or a Hugging Face ``datasets`` name (``"name"`` or ``"name:config"``, read with
+``datasets.load_dataset``).
+
+Documents: a JSONL record, Parquet row or dataset row is one document. Plain text is split by
+``document``: ``"line"`` (each line), ``"blank_line"`` (paragraphs: runs of lines separated by lines
+that are empty or whitespace-only; the lines are joined with ``"\\n"``), or ``"file"`` (the whole file).
+Whitespace-only documents are skipped and counted.
+
+Invalid UTF-8 (``on_invalid_utf8``): ``"error"`` raises ``ValueError`` naming file and line;
+``"replace"`` decodes the line with U+FFFD; ``"skip"`` drops the line (JSONL: the record). Both are
+counted in ``CorpusStats`` and reported with the first location.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DOCUMENT_MODES = ("line", "blank_line", "file")
+INVALID_UTF8_POLICIES = ("error", "replace", "skip")
+_JSONL = (".jsonl", ".json")
+_PARQUET = (".parquet",)
+_TEXT = (".txt", ".text", ".raw", ".tokens", ".en", ".de", ".md")
+_BLOCK = 1 << 22  # bytes read per block from text/JSONL files
+_HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?(:[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input: ``kind`` in {"text", "jsonl", "parquet", "hf_disk", "hf_hub"}, its path or name, and
+    the split read from a ``datasets`` dataset."""
+
+    kind: str
+    location: str
+    split: str = "train"
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk (0 for a hub dataset, whose size is unknown before download)."""
+        if self.kind == "hf_hub":
+            return 0
+        path = Path(self.location)
+        return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in _files_under(path))
+
+    def fingerprint(self) -> str:
+        """Content hash: sha256 of the file bytes (all files of a ``save_to_disk`` dir); for a hub
+        dataset, the fingerprint ``datasets`` computed for the downloaded data."""
+        if self.kind == "hf_hub":
+            return _load_hub(self.location, self.split)._fingerprint
+        path = Path(self.location)
+        digest = hashlib.sha256()
+        for file in [path] if path.is_file() else _files_under(path):
+            digest.update(str(file.relative_to(path)).encode() if file != path else b"")
+            with open(file, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+        return digest.hexdigest()
+
+
+@dataclass
+class CorpusStats:
+    """Counters filled while reading (``bytes_read`` drives progress bars)."""
+
+    documents: int = 0
+    skipped_empty: int = 0
+    invalid_utf8_lines: int = 0
+    first_invalid_utf8: str | None = None
+    empty_sources: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+
+    def warnings(self, on_invalid_utf8: str) -> list[str]:
+        out = []
+        if self.invalid_utf8_lines:
+            action = "replaced with U+FFFD" if on_invalid_utf8 == "replace" else "skipped"
+            out.append(
+                f"{self.invalid_utf8_lines} line(s) of invalid UTF-8 {action} "
+                f"(first at {self.first_invalid_utf8}; on_invalid_utf8={on_invalid_utf8!r})"
+            )
+        if self.empty_sources:
+            out.append(
+                f"{len(self.empty_sources)} empty input(s) ignored: {', '.join(self.empty_sources[:5])}"
+            )
+        return out
+
+
+def _kind_of(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes]
+    last = suffixes[-2] if suffixes[-1:] == [".gz"] and len(suffixes) > 1 else (suffixes or [""])[-1]
+    if last in _JSONL:
+        return "jsonl"
+    if last in _PARQUET:
+        return "parquet"
+    return "text"
+
+
+def _files_under(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _is_saved_dataset(directory: Path) -> bool:
+    return (directory / "dataset_dict.json").is_file() or (directory / "state.json").is_file()
+
+
+def _load_hub(location: str, split: str):
+    import datasets
+
+    name, _, config = location.partition(":")
+    try:
+        return datasets.load_dataset(name, config or None, split=split)
+    except Exception as err:  # offline, unknown name, bad config: all mean "cannot read this input"
+        raise FileNotFoundError(
+            f"{location!r} is not an existing path, and loading it as a `datasets` name failed: {err}"
+        ) from err
+
+
+def resolve_sources(
+    inputs: str | os.PathLike | Iterable[str | os.PathLike], split: str = "train"
+) -> list[Source]:
+    """Expand ``inputs`` into sources, checking that each local one exists (no data is read);
+    ``split`` is the split taken from ``datasets`` inputs."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if not items:
+        raise ValueError(
+            "no corpus inputs given; pass text/JSONL/Parquet files, directories or dataset names"
+        )
+    sources: list[Source] = []
+    for item in items:
+        text = str(item)
+        path = Path(text).expanduser()
+        if any(ch in text for ch in "*?["):
+            matches = sorted(glob.glob(str(path), recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"the pattern {text!r} matches no files")
+            sources += [Source(_kind_of(Path(m)), m) for m in matches if Path(m).is_file()]
+        elif path.is_file():
+            sources.append(Source(_kind_of(path), str(path)))
+        elif path.is_dir():
+            if _is_saved_dataset(path):
+                sources.append(Source("hf_disk", str(path), split))
+            else:
+                files = _files_under(path)
+                if not files:
+                    raise ValueError(f"the directory {path} contains no files")
+                sources += [Source(_kind_of(f), str(f)) for f in files]
+        elif _HUB_NAME.match(text) and _kind_of(path) == "text" and not path.suffix:
+            sources.append(Source("hf_hub", text, split))
+        else:
+            raise FileNotFoundError(f"corpus input {text!r} does not exist (check the path)")
+    return sources
+
+
+def _decode_lines(
+    data: bytes, where: str, first_line: int, policy: str, stats: CorpusStats
+) -> list[str | None]:
+    """Lines of ``data`` (ending at a newline or EOF); invalid UTF-8 handled line by line per ``policy``
+    (a skipped line is ``None``, so line numbers stay exact)."""
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = []
+        for i, raw in enumerate(data.split(b"\n")):
+            try:
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                location = f"{where}:{first_line + i}"
+                if policy == "error":
+                    raise ValueError(
+                        f"{location}: invalid UTF-8 ({err.reason} at byte {err.start} of the line); "
+                        f"fix the file or set on_invalid_utf8='replace' or 'skip'"
+                    ) from None
+                stats.invalid_utf8_lines += 1
+                stats.first_invalid_utf8 = stats.first_invalid_utf8 or location
+                lines.append(raw.decode("utf-8", errors="replace") if policy == "replace" else None)
+    if data.endswith(b"\n"):
+        lines.pop()  # the empty string after the final newline is not a line
+    return lines
+
+
+def _iter_line_blocks(path: str, policy: str, stats: CorpusStats) -> Iterator[list[str | None]]:
+    """Decoded lines of a (possibly gzipped) file, a block at a time; ``stats.bytes_read`` advances
+    by the bytes consumed on disk."""
+    with open(path, "rb") as raw:
+        f = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
+        line_no, rest, consumed = 1, b"", 0
+        while True:
+            block = f.read(_BLOCK)
+            stats.bytes_read += raw.tell() - consumed
+            consumed = raw.tell()
+            data = rest + block
+            cut = data.rfind(b"\n") + 1 if block else len(data)
+            if cut == 0 and block:  # a line longer than the block: keep reading
+                rest = data
+                continue
+            data, rest = data[:cut], data[cut:]
+            if data:
+                yield _decode_lines(data, path, line_no, policy, stats)
+                line_no += data.count(b"\n")
+            if not block:
+                return
+
+
+def _text_documents(path: str, mode: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+    if mode == "file":
+        blocks = _iter_line_blocks(path, policy, stats)
+        yield "\n".join(line for block in blocks for line in block if line is not None)
+        return
+    if mode == "line":
+        for block in _iter_line_blocks(path, policy, stats):
+            yield from (line for line in block if line is not None)
+        return
+    paragraph: list[str] = []
+    for block in _iter_line_blocks(path, policy, stats):
+        for line in block:
+            if line is None:
+                continue
+            if line.strip():
+                paragraph.append(line)
+            elif paragraph:
+                yield "\n".join(paragraph)
+                paragraph = []
+    if paragraph:
+        yield "\n".join(paragraph)
+
+
+def _record_text(record: object, text_field: str, where: str) -> str:
+    if not isinstance(record, dict) or text_field not in record:
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{where}: record has no field {text_field!r} (has {keys}); set text_field")
+    value = record[text_field]
+    if not isinstance(value, str):
+        raise ValueError(  # noqa: TRY004 (bad input is a ValueError project-wide)
+            f"{where}: field {text_field!r} is {type(value).__name__}, expected a string"
+        )
+    return value
+
+
+def _jsonl_documents(path: str, text_field: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+    line_no = 0
+    for block in _iter_line_blocks(path, policy, stats):
+        for line in block:
+            line_no += 1
+            if line is None or not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{path}:{line_no}: invalid JSON ({err.msg}); expected one object per line"
+                ) from None
+            yield _record_text(record, text_field, f"{path}:{line_no}")
+
+
+def _column_check(columns: Iterable[str], text_field: str, where: str) -> None:
+    columns = list(columns)
+    if text_field not in columns:
+        raise ValueError(f"{where} has no column {text_field!r} (columns: {columns}); set text_field")
+
+
+def _parquet_documents(path: str, text_field: str, stats: CorpusStats) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    _column_check(pf.schema_arrow.names, text_field, path)
+    bytes_per_row = Path(path).stat().st_size / max(pf.metadata.num_rows, 1)
+    for batch in pf.iter_batches(batch_size=4096, columns=[text_field]):
+        stats.bytes_read += round(bytes_per_row * batch.num_rows)
+        yield from (t for t in batch.column(0).to_pylist() if t is not None)
+
+
+def _dataset_documents(source: Source, text_field: str, stats: CorpusStats) -> Iterator[str]:
+    import datasets
+
+    if source.kind == "hf_disk":
+        ds = datasets.load_from_disk(source.location)
+        if isinstance(ds, datasets.DatasetDict):
+            if source.split not in ds:
+                raise ValueError(
+                    f"{source.location} has no split {source.split!r} (splits: {list(ds)}); set split"
+                )
+            ds = ds[source.split]
+    else:
+        ds = _load_hub(source.location, source.split)
+    _column_check(ds.column_names, text_field, source.location)
+    for batch in ds.select_columns([text_field]).iter(batch_size=4096):
+        texts = batch[text_field]
+        stats.bytes_read += sum(map(len, texts))
+        yield from (t for t in texts if t is not None)
+
+
+def iter_documents(
+    sources: Iterable[Source],
+    *,
+    document: str = "blank_line",
+    text_field: str = "text",
+    on_invalid_utf8: str = "error",
+    stats: CorpusStats | None = None,
+) -> Iterator[str]:
+    """Every non-blank document of ``sources`` in order; counters go to ``stats``."""
+    if document not in DOCUMENT_MODES:
+        raise ValueError(f"document={document!r}; choose one of {DOCUMENT_MODES}")
+    if on_invalid_utf8 not in INVALID_UTF8_POLICIES:
+        raise ValueError(f"on_invalid_utf8={on_invalid_utf8!r}; choose one of {INVALID_UTF8_POLICIES}")
+    stats = stats if stats is not None else CorpusStats()
+    for source in sources:
+        if source.kind in ("text", "jsonl", "parquet") and source.size == 0:
+            stats.empty_sources.append(source.location)
+            continue
+        if source.kind == "text":
+            docs = _text_documents(source.location, document, on_invalid_utf8, stats)
+        elif source.kind == "jsonl":
+            docs = _jsonl_documents(source.location, text_field, on_invalid_utf8, stats)
+        elif source.kind == "parquet":
+            docs = _parquet_documents(source.location, text_field, stats)
+        else:
+            docs = _dataset_documents(source, text_field, stats)
+        for doc in docs:
+            if doc.strip():
+                stats.documents += 1
+                yield doc
+            else:
+                stats.skipped_empty += 1
+
+
+def batched(docs: Iterable[str], max_docs: int = 1024, max_chars: int = 1 << 20) -> Iterator[list[str]]:
+    """Group documents into lists of at most ``max_docs`` documents or about ``max_chars`` characters."""
+    batch: list[str] = []
+    chars = 0
+    for doc in docs:
+        batch.append(doc)
+        chars += len(doc)
+        if len(batch) >= max_docs or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch

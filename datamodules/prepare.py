@@ -1,0 +1,293 @@
+"""Corpus preparation: raw text -> token shards (``train``/``val`` in Megatron ``.bin/.idx`` layout).
+
+``prepare`` streams documents (``datamodules.corpus``), tokenizes them in batches with ``encode_batch``
+(Rust, all cores), appends EOS to each document and appends the tokens to the split's ``.bin`` as it goes,
+so peak memory is one batch whatever the corpus size. Document ``i`` (its position in the input stream)
+goes to ``val`` iff ``u(i) < val_fraction`` where ``u(i) = splitmix64(i + splitmix64(seed)) / 2**64``:
+deterministic, independent of batching, and stable when documents are appended.
+
+The output directory holds ``train.bin/.idx``, ``val.bin/.idx``, ``tokenizer.json`` (a copy) and
+``meta.json`` (dtype, vocab size, EOS, counts, cache key). The cache key hashes the input contents, the
+tokenizer JSON and the settings: an unchanged run returns the existing directory at once, a changed input
+rebuilds it (with a warning). Builds happen in a temporary sibling directory that replaces ``out_dir``
+only when complete; on error the temporary directory is removed and the previous ``out_dir`` is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm.auto import tqdm
+
+from datamodules.corpus import (
+    DOCUMENT_MODES,
+    INVALID_UTF8_POLICIES,
+    CorpusStats,
+    Source,
+    batched,
+    iter_documents,
+    resolve_sources,
+)
+from datamodules.indexed import IndexedWriter, token_dtype
+from datamodules.tokenizer import load_tokenizer, resolve_eos
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+META_FILE = "meta.json"
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser (Steele et al., 2014) on uint64 arrays (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def val_mask(doc_indices: np.ndarray, seed: int, val_fraction: float) -> np.ndarray:
+    """(D,) bool: which documents (by stream index) belong to the validation split."""
+    salt = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
+    u = _splitmix64(doc_indices.astype(np.uint64) + salt) >> np.uint64(11)  # 53 uniform bits
+    return u.astype(np.float64) * 2.0**-53 < val_fraction
+
+
+def pack_batch(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate token lists with ``eos_id`` after each: returns tokens (sum(L_i)+D,) and lengths (D,)."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)) + 1
+    ends = np.cumsum(lengths) - 1
+    out = np.empty(int(ends[-1]) + 1 if len(ids) else 0, dtype=dtype)
+    body = np.ones(len(out), dtype=bool)
+    body[ends] = False
+    out[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=len(out) - len(ids))
+    out[ends] = eos_id
+    return out, lengths
+
+
+def read_meta(prepared_dir: str | os.PathLike) -> dict:
+    """The ``meta.json`` of a prepared directory (``FileNotFoundError`` if it is not one)."""
+    path = Path(prepared_dir) / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{prepared_dir} is not a prepared corpus (no {META_FILE}); run `pretrain prepare`"
+        )
+    return json.loads(path.read_text())
+
+
+def _complete(directory: Path) -> bool:
+    files = [META_FILE, "tokenizer.json"] + [f"{s}{ext}" for s in SPLITS for ext in (".bin", ".idx")]
+    return all((directory / f).is_file() for f in files)
+
+
+def _stale_reason(old: dict, inputs: list[dict], tokenizer_hash: str, settings: dict) -> str:
+    old_inputs = {i["location"]: i["sha256"] for i in old.get("inputs", [])}
+    changed = [
+        i["location"]
+        for i in inputs
+        if i["location"] in old_inputs and old_inputs[i["location"]] != i["sha256"]
+    ]
+    if changed:
+        return f"input file(s) changed since it was prepared (content hash differs): {changed}"
+    if [i["location"] for i in inputs] != [i["location"] for i in old.get("inputs", [])]:
+        return "the list of inputs differs"
+    if old.get("tokenizer_sha256") != tokenizer_hash:
+        return "the tokenizer differs"
+    return f"the settings differ ({old.get('settings')} -> {settings})"
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> None:
+    """Replace ``out_dir`` by the finished ``tmp`` (two renames on one filesystem; never half-written)."""
+    old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+    if out_dir.exists():
+        out_dir.rename(old)
+    tmp.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _build(
+    tmp: Path,
+    tokenizer: Tokenizer,
+    sources: list[Source],
+    eos_id: int,
+    dtype: np.dtype,
+    *,
+    val_fraction: float,
+    seed: int,
+    document: str,
+    text_field: str,
+    on_invalid_utf8: str,
+    batch_docs: int,
+    batch_chars: int,
+    progress: bool,
+) -> tuple[dict, CorpusStats]:
+    stats = CorpusStats()
+    docs = iter_documents(
+        sources, document=document, text_field=text_field, on_invalid_utf8=on_invalid_utf8, stats=stats
+    )
+    encode = getattr(
+        tokenizer, "encode_batch_fast", tokenizer.encode_batch
+    )  # no offsets: faster (tokenizers>=0.20)
+    total = sum(s.size for s in sources) or None
+    counts = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
+    with (
+        IndexedWriter(tmp / "train", dtype) as train,
+        IndexedWriter(tmp / "val", dtype) as val,
+        tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar,
+    ):
+        first = 0
+        for batch in batched(docs, batch_docs, batch_chars):
+            ids = [e.ids for e in encode(batch, add_special_tokens=False)]
+            tokens, lengths = pack_batch(ids, eos_id, dtype)
+            is_val = val_mask(np.arange(first, first + len(batch)), seed, val_fraction)
+            token_is_val = np.repeat(is_val, lengths)
+            train.add_documents(tokens[~token_is_val], lengths[~is_val])
+            val.add_documents(tokens[token_is_val], lengths[is_val])
+            first += len(batch)
+            bar.update(stats.bytes_read - bar.n)
+        for name, writer in (("train", train), ("val", val)):
+            counts[name] = {"documents": writer.num_documents, "tokens": writer.num_tokens}
+    if stats.documents == 0:
+        raise ValueError(
+            f"the corpus is empty: no non-blank documents in {[s.location for s in sources]} "
+            f"({stats.skipped_empty} blank documents skipped); check the inputs, text_field and document mode"
+        )
+    return counts, stats
+
+
+def prepare(
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
+    tokenizer: str | os.PathLike | Tokenizer,
+    out_dir: str | os.PathLike,
+    *,
+    val_fraction: float = 0.01,
+    seed: int = 0,
+    document: str = "blank_line",
+    text_field: str = "text",
+    split: str = "train",
+    on_invalid_utf8: str = "error",
+    eos_token: str | None = None,
+    batch_docs: int = 1024,
+    batch_chars: int = 1 << 20,
+    progress: bool = True,
+    force: bool = False,
+) -> dict:
+    """Tokenize ``inputs`` into ``out_dir`` (see module doc) and return its ``meta.json`` contents.
+
+    ``tokenizer``: a path for ``load_tokenizer`` or a ``tokenizers.Tokenizer``. ``eos_token``: appended to
+    every document; default ``</s>``, else ``<|endoftext|>``. ``document``/``text_field``/``split``/
+    ``on_invalid_utf8``: how documents are read (``datamodules.corpus``). ``batch_docs``/``batch_chars``
+    bound one tokenization batch, hence peak memory. ``force`` rebuilds even when the cache is valid.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
+    if document not in DOCUMENT_MODES:
+        raise ValueError(f"document={document!r}; choose one of {DOCUMENT_MODES}")
+    if on_invalid_utf8 not in INVALID_UTF8_POLICIES:
+        raise ValueError(f"on_invalid_utf8={on_invalid_utf8!r}; choose one of {INVALID_UTF8_POLICIES}")
+    if batch_docs < 1 or batch_chars < 1:
+        raise ValueError(f"batch_docs={batch_docs} and batch_chars={batch_chars} must be positive")
+    out_dir = Path(out_dir).expanduser()
+    tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
+    eos, eos_id = resolve_eos(tokenizer, eos_token)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = token_dtype(vocab_size)
+    sources = resolve_sources(inputs, split)
+    local = [s for s in sources if s.kind != "hf_hub"]
+    if local and len(local) == len(sources) and all(s.size == 0 for s in local):
+        raise ValueError(
+            f"the corpus is empty: every input is an empty file ({[s.location for s in sources]})"
+        )
+
+    tokenizer_json = tokenizer.to_str()
+    tokenizer_hash = hashlib.sha256(tokenizer_json.encode()).hexdigest()
+    input_info = [{"kind": s.kind, "location": s.location, "sha256": s.fingerprint()} for s in sources]
+    settings = {
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "document": document,
+        "text_field": text_field,
+        "split": split,
+        "on_invalid_utf8": on_invalid_utf8,
+        "eos_token": eos,
+    }
+    key_material = {
+        "format_version": FORMAT_VERSION,
+        "inputs": [i["sha256"] for i in input_info],
+        "tokenizer": tokenizer_hash,
+        "settings": settings,
+    }
+    cache_key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
+
+    if out_dir.exists():
+        if not (out_dir / META_FILE).is_file():
+            if out_dir.is_dir() and not any(out_dir.iterdir()):
+                out_dir.rmdir()
+            else:
+                raise ValueError(f"{out_dir} exists and is not a prepared corpus; choose another out_dir")
+        else:
+            old = read_meta(out_dir)
+            if old.get("cache_key") == cache_key and _complete(out_dir) and not force:
+                return old
+            if old.get("cache_key") != cache_key:
+                reason = _stale_reason(old, input_info, tokenizer_hash, settings)
+                warnings.warn(f"prepared corpus {out_dir} is stale: {reason}; rebuilding it", stacklevel=2)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        counts, stats = _build(
+            tmp,
+            tokenizer,
+            sources,
+            eos_id,
+            dtype,
+            val_fraction=val_fraction,
+            seed=seed,
+            document=document,
+            text_field=text_field,
+            on_invalid_utf8=on_invalid_utf8,
+            batch_docs=batch_docs,
+            batch_chars=batch_chars,
+            progress=progress,
+        )
+        notes = stats.warnings(on_invalid_utf8)
+        if val_fraction > 0 and counts["val"]["documents"] == 0:
+            notes.append(f"val_fraction={val_fraction} selected no document; the val split is empty")
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        meta = {
+            "format": "megatron-mmidx",
+            "format_version": FORMAT_VERSION,
+            "dtype": np.dtype(dtype).name,
+            "vocab_size": vocab_size,
+            "eos_token": eos,
+            "eos_id": eos_id,
+            "splits": counts,
+            "documents": stats.documents,
+            "skipped_empty_documents": stats.skipped_empty,
+            "invalid_utf8_lines": stats.invalid_utf8_lines,
+            "bytes_read": stats.bytes_read,
+            "warnings": notes,
+            "cache_key": cache_key,
+            "tokenizer_sha256": tokenizer_hash,
+            "inputs": input_info,
+            "settings": settings,
+        }
+        (tmp / "tokenizer.json").write_text(tokenizer_json)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        _swap_in(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
