@@ -21,6 +21,9 @@ is not resumable" does not apply here (it looks for a stateful DataLoader, not f
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +31,7 @@ from typing import Any, Protocol
 import lightning as L
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -92,6 +96,8 @@ class PretrainDataModule(L.LightningDataModule):
         val_batches: validation batches per rank (default: every whole global batch of the val split).
         samples_per_epoch: training samples per epoch (default: all samples of all corpora).
         rank, world_size: data-parallel position when no trainer is attached (the trainer's otherwise).
+        tokenizer: optional ``tokenizers.Tokenizer`` or path; each dir's ``meta.json`` must record it
+            (same vocab size and, when recorded, the same tokenizer.json hash), else ValueError.
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class PretrainDataModule(L.LightningDataModule):
         samples_per_epoch: int | None = None,
         rank: int = 0,
         world_size: int = 1,
+        tokenizer: Tokenizer | str | os.PathLike | None = None,
     ):
         super().__init__()
         self.data_dirs = (
@@ -140,11 +147,34 @@ class PretrainDataModule(L.LightningDataModule):
         self.weights, self.num_workers, self.seed = weights, num_workers, seed
         self.val_batches, self.samples_per_epoch = val_batches, samples_per_epoch
         self._rank, self._world_size = rank, world_size
+        if tokenizer is not None:
+            self._check_tokenizer(tokenizer)
         self.sample_length = int(objective.raw_length(seq_len))
         self.train_set: BlendedDataset | None = None
         self.val_set: BlendedDataset | None = None
         self.epoch, self.consumed_samples = 0, 0  # what the training loop has received
         self._loaded_epoch_size: int | None = None  # from a loaded state, checked once the data is open
+
+    def _check_tokenizer(self, tokenizer: Tokenizer | str | os.PathLike) -> None:
+        """The prepared token ids must come from ``tokenizer`` (``meta.json`` of ``pretrain prepare``)."""
+        if not isinstance(tokenizer, Tokenizer):
+            from datamodules.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        sha256 = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+        for path in self.data_dirs:
+            if not (path / "meta.json").is_file():
+                raise FileNotFoundError(
+                    f"{path} has no meta.json; write the directory with `pretrain prepare`"
+                )
+            meta = json.loads((path / "meta.json").read_text())
+            if meta.get("vocab_size") != vocab_size or meta.get("tokenizer_sha256", sha256) != sha256:
+                raise ValueError(
+                    f"{path} was prepared with another tokenizer (vocab size {meta.get('vocab_size')}, this "
+                    f"one has {vocab_size}); re-run `pretrain prepare` with this tokenizer or use the "
+                    f"matching one"
+                )
 
     # --- data-parallel layout -------------------------------------------------------------------------
     @property
@@ -179,7 +209,10 @@ class PretrainDataModule(L.LightningDataModule):
             )
             self._check_loaded_state()
         if stage in (None, "fit", "validate") and self.val_set is None and self.val_batches != 0:
-            val = self._corpora(VAL)
+            try:
+                val = self._corpora(VAL)
+            except ValueError as err:
+                raise ValueError(f"{err} (or set val_batches=0 to train without validation)") from err
             size = sum(map(len, val))
             if self.val_batches is not None:
                 size = min(size, self.val_batches * self.global_batch_size)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from pathlib import Path
 
 import lightning as L
@@ -250,3 +252,30 @@ def test_every_objective_gets_samples_of_its_raw_length(tmp_path, name):
     first = batches(0)
     assert first[0]["input_ids"].shape == (4, seq_len) and "labels" in first[0]
     assert_same(first, batches(2))
+
+
+def test_tokenizer_must_match_the_prepared_data(prepared):
+    from tokenizers import Tokenizer, models
+
+    def word_level(n: int) -> Tokenizer:
+        return Tokenizer(models.WordLevel({f"w{i}": i for i in range(n)}, unk_token="w0"))
+
+    with pytest.raises(FileNotFoundError, match="no meta\\.json"):
+        PretrainDataModule(prepared, NoisyCausal(), seq_len=8, micro_batch_size=2, tokenizer=word_level(10))
+    ours = word_level(10)
+    meta = {"vocab_size": 10, "tokenizer_sha256": hashlib.sha256(ours.to_str().encode()).hexdigest()}
+    (prepared / "meta.json").write_text(json.dumps(meta))
+    PretrainDataModule(prepared, NoisyCausal(), seq_len=8, micro_batch_size=2, tokenizer=ours)
+    for other in (
+        word_level(12),
+        Tokenizer(models.WordLevel({f"v{i}": i for i in range(10)}, unk_token="v0")),
+    ):
+        with pytest.raises(ValueError, match="prepared with another tokenizer"):
+            PretrainDataModule(prepared, NoisyCausal(), seq_len=8, micro_batch_size=2, tokenizer=other)
+
+
+def test_empty_validation_split_suggests_val_batches_0(tmp_path):
+    root = make_prepared(tmp_path / "noval", 20 * 8, n_val_tokens=3)
+    with pytest.raises(ValueError, match="val_batches=0 to train"):
+        datamodule(root)
+    assert len(read(datamodule(root, val_batches=0), 2)) == 2
