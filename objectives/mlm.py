@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from objectives.base import Generators, Objective, rand_rows, row_generators, special_id_table
+from objectives.base import Generators, Objective, lookup, rand_rows, row_generators, special_id_table
 from objectives.loss import IGNORE_INDEX
 
 WORD_MARKERS = ("Ġ", "▁", "##")  # byte-level BPE, SentencePiece (word starts) and WordPiece (continuations)
@@ -140,11 +140,11 @@ class MaskedLM(Objective):
         """Mask already formatted sequences (e.g. from ``pair_inputs``); other keys pass through."""
         return self._mask(dict(batch), row_generators(generator, batch["input_ids"].shape[0]))
 
-    def _unit_ids(self, input_ids: Tensor, special: Tensor) -> Tensor:
-        """``(B, T)`` index of each token's selection unit: the token itself, or its word."""
+    def _unit_ids(self, input_ids: Tensor, special: Tensor) -> Tensor | None:
+        """``(B, T)`` index of each token's word (its selection unit), or None when units are tokens."""
         if self.starts_word is None:
-            return torch.arange(input_ids.shape[1]).expand_as(input_ids)
-        boundary = self.starts_word[input_ids] | special
+            return None
+        boundary = lookup(self.starts_word, input_ids) | special
         boundary[:, 1:] |= special[:, :-1]
         boundary[:, 0] = True
         return boundary.long().cumsum(1) - 1
@@ -172,9 +172,10 @@ class MaskedLM(Objective):
         u_start, u_length = u[:, :G], u[:, G : 2 * G]
         u_decide, u_random = u[:, -2 * T : -T], u[:, -T:]
 
-        special = self.is_special[input_ids]
+        special = lookup(self.is_special, input_ids)
         unit = self._unit_ids(input_ids, special)
-        selected = self._select_units(u_start, u_length).gather(1, unit) & ~special
+        selected = self._select_units(u_start, u_length)
+        selected = (selected if unit is None else selected.gather(1, unit)) & ~special
         if self.max_span_length > 1:  # one decision per selected run (SpanBERT masks spans as a whole)
             run_start = selected.clone()
             run_start[:, 1:] &= ~selected[:, :-1]
@@ -183,11 +184,12 @@ class MaskedLM(Objective):
             u_decide = u_decide.gather(1, first)
         to_mask = selected & (u_decide < self.mask_replace_prob)
         to_random = selected & ~to_mask & (u_decide < self.mask_replace_prob + self.random_replace_prob)
-        n = len(self.replacement_ids)
-        random_ids = self.replacement_ids[(u_random * n).long().clamp_max(n - 1)]
 
-        masked = torch.where(to_mask, torch.full_like(input_ids, self.mask_id), input_ids)
-        batch["input_ids"] = torch.where(to_random, random_ids, masked)
-        batch["labels"] = input_ids.masked_fill(~selected, IGNORE_INDEX)
+        masked = torch.where(to_mask, self.mask_id, input_ids)
+        where_random = to_random.nonzero(as_tuple=True)
+        n = len(self.replacement_ids)
+        masked[where_random] = self.replacement_ids[(u_random[where_random] * n).long().clamp_max(n - 1)]
+        batch["input_ids"] = masked
+        batch["labels"] = torch.where(selected, input_ids, IGNORE_INDEX)
         batch.setdefault("attention_mask", torch.ones_like(input_ids))
         return batch

@@ -58,6 +58,7 @@ class PrefixLM(Objective):
     """Prefix LM on a decoder (``prefix_lengths``) or an encoder-decoder (prefix -> encoder)."""
 
     name = "prefix_lm"
+    reports_perplexity = True
 
     def __init__(self, tokenizer, *, arch: str = "decoder", special_tokens: Mapping[str, str] | None = None):
         super().__init__(tokenizer, special_tokens)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.special_tokens import sentinel_ids, sentinel_token
@@ -87,13 +88,17 @@ def random_spans_noise_mask(
 def spans_to_sentinels(tokens: Tensor, span_mask: Tensor, sentinels: Tensor, eos_id: int) -> Tensor:
     """T5's ``noise_span_to_unique_sentinel`` + EOS: each run of ``span_mask`` becomes ``sentinels[k]``
     (k-th run). Every row must have the same number of runs and masked tokens (true of T5 noise masks)."""
-    previous = torch.zeros_like(span_mask)
-    previous[:, 1:] = span_mask[:, :-1]
-    first = span_mask & ~previous
-    run_index = (first.long().cumsum(1) - 1).clamp_min(0)
-    marked = torch.where(first, sentinels[run_index], tokens)
-    kept = marked[~(span_mask & previous)].view(tokens.shape[0], -1)
-    return torch.cat([kept, kept.new_full((tokens.shape[0], 1), eos_id)], dim=1)
+    B, n = tokens.shape
+    previous = F.pad(span_mask[:, :-1], (1, 0))
+    first, later = span_mask & ~previous, span_mask & previous
+    num_runs, num_dropped = (int(first[0].sum()), int(later[0].sum())) if B else (0, 0)
+    marked = tokens.masked_scatter(first, sentinels[:num_runs].repeat(B))  # row-major: runs 0..k-1 per row
+    # move the kept tokens left; dropped ones land in the last column, which EOS then overwrites
+    n_kept = n - num_dropped
+    destination = torch.where(later, n_kept, (~later).cumsum(1) - 1)
+    out = tokens.new_empty(B, n_kept + 1).scatter_(1, destination, marked)
+    out[:, n_kept] = eos_id
+    return out
 
 
 def corrupt_spans(
