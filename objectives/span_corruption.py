@@ -50,7 +50,7 @@ def random_spans_helper(
         raise ValueError(
             f"span corruption needs an input length >= 3 (one token, a sentinel, EOS), got {inputs_length}"
         )
-    tokens_length = 2
+    tokens_length = max(inputs_length - 1, 2)  # encoded inputs never exceed raw length + 1
     while encoded_lengths(tokens_length + 1, noise_density, mean_noise_span_length)[0] <= inputs_length:
         tokens_length += 1
     enc_inputs, targets_length = encoded_lengths(tokens_length, noise_density, mean_noise_span_length)
