@@ -279,3 +279,41 @@ def test_empty_validation_split_suggests_val_batches_0(tmp_path):
     with pytest.raises(ValueError, match="val_batches=0 to train"):
         datamodule(root)
     assert len(read(datamodule(root, val_batches=0), 2)) == 2
+
+
+def test_end_to_end_from_prepare_on_the_shipped_corpus(tmp_path, shipped_corpus):
+    """raw text -> BPE -> prepare -> datamodule -> clm: two ranks read every packed cut of train once."""
+    import objectives
+    from datamodules.indexed import IndexedDataset
+    from datamodules.prepare import prepare
+    from datamodules.tokenizer import train_bpe
+
+    tokenizer = train_bpe([shipped_corpus], vocab_size=400, show_progress=False)
+    meta = prepare(shipped_corpus, tokenizer, tmp_path / "prepared", val_fraction=0.05, progress=False)
+    clm = objectives.build("clm", tokenizer)
+    ranks = [
+        PretrainDataModule(
+            tmp_path / "prepared",
+            clm,
+            seq_len=64,
+            micro_batch_size=8,
+            rank=r,
+            world_size=2,
+            tokenizer=tokenizer,
+        )
+        for r in range(2)
+    ]
+    rows = []
+    for dm in ranks:
+        dm.setup("fit")
+        for batch in read(dm, dm.batches_per_epoch):
+            raw = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)  # clm: labels = raw[1:]
+            rows += [tuple(r) for r in raw.tolist()]
+    train = np.asarray(IndexedDataset(tmp_path / "prepared" / "train").tokens, dtype=np.int64)
+    cuts = {tuple(train[i * 65 : (i + 1) * 65].tolist()) for i in range(len(train) // 65)}
+    assert len(rows) == len(set(rows)) == (len(cuts) // 16) * 16
+    assert set(rows) <= cuts
+    val_row = next(iter(ranks[0].val_dataloader()))["input_ids"][0].tolist()
+    eos = meta["eos_id"]
+    texts = [tokenizer.decode(list(doc)) for end, doc in itertools.groupby(val_row, eos.__eq__) if not end]
+    assert len(texts) > 1 and all(t in shipped_corpus.read_text() for t in texts)
