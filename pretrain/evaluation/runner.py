@@ -1,0 +1,201 @@
+"""Run tasks on a scorer; report results as JSON, a printed table, and W&B metrics.
+
+``results = evaluate(scorer, tasks, seed=1234)`` returns::
+
+    {"results": {task: {"type", "num_fewshot", "num_examples", "seed", "metrics": {m: value},
+                        "stderr": {m: value | None}}},
+     "samples": {task: [per-example records]}}      # with log_samples=True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import metrics as M
+from .perplexity import evaluate_perplexity
+from .prompts import DEFAULT_FEWSHOT_SEED, build_requests
+from .scoring import LMScorer
+from .tasks import TaskConfig, load_documents, load_examples
+
+
+def _score_loglikelihood_task(scorer: LMScorer, task: TaskConfig, requests) -> tuple[dict, list[dict]]:
+    flat = [pair for req in requests for pair in req.pairs]
+    scored = iter(scorer.loglikelihood(flat))
+    per_metric: dict[str, list[float]] = {m: [] for m in task.metric_names if m != "perplexity"}
+    lls_all, records = [], []
+    for doc_id, req in enumerate(requests):
+        res = [next(scored) for _ in req.pairs]
+        lls = [ll for ll, _ in res]
+        ex = req.example
+        if task.type == "multiple_choice":
+            values = M.multiple_choice_metrics(lls, ex["choices"], ex["gold"])
+        elif task.type == "schema":
+            values = M.schema_metrics(lls, ex["gold"])
+        else:  # language_modeling: greedy accuracy of the whole continuation
+            values = {"acc": float(res[0][1])}
+            lls_all.append(lls[0])
+        for name, value in values.items():
+            per_metric[name].append(value)
+        records.append(
+            {
+                "doc_id": doc_id,
+                "context": req.pairs[0][0],
+                "loglikelihoods": lls,
+                "is_greedy": [g for _, g in res],
+                **values,
+            }
+        )
+    summary = {name: (M.mean(v), M.mean_stderr(v)) for name, v in per_metric.items()}
+    if task.type == "language_modeling":
+        summary["perplexity"] = (M.perplexity(lls_all), None)
+    return summary, records
+
+
+def _score_generation_task(scorer: LMScorer, task: TaskConfig, requests) -> tuple[dict, list[dict]]:
+    preds = scorer.greedy_until([r.context for r in requests], task.stop_sequences, task.max_new_tokens)
+    records, scores = [], []
+    for doc_id, (req, pred) in enumerate(zip(requests, preds)):
+        em = M.exact_match(pred, req.example["answer"], strip=task.strip, ignore_case=task.ignore_case)
+        scores.append(em)
+        records.append(
+            {
+                "doc_id": doc_id,
+                "context": req.context,
+                "prediction": pred,
+                "answer": req.example["answer"],
+                "exact_match": em,
+            }
+        )
+    return {"exact_match": (M.mean(scores), M.mean_stderr(scores))}, records
+
+
+def evaluate_task(
+    scorer: LMScorer, task: TaskConfig, *, seed: int = DEFAULT_FEWSHOT_SEED, limit: int | None = None
+) -> tuple[dict[str, Any], list[dict]]:
+    """(summary, per-example records) of one task; ``limit`` overrides ``task.limit``."""
+    limit = limit or task.limit
+    if task.type == "perplexity":
+        docs = load_documents(task.path, task.document_separator, limit)
+        values, records = evaluate_perplexity(scorer, docs)
+        summary = {name: (value, None) for name, value in values.items()}
+        n = len(docs)
+    else:
+        examples = load_examples(task.path, task.type)
+        evaluated = examples[:limit] if limit else examples
+        if task.fewshot_path:
+            requests = build_requests(task, evaluated, load_examples(task.fewshot_path, task.type), seed)
+        else:  # shots from the whole file (as lm-eval with --limit), never the evaluated example
+            requests = build_requests(task, evaluated, examples, seed, exclude_evaluated=True)
+        scorer_fn = _score_generation_task if task.type == "generation" else _score_loglikelihood_task
+        summary, records = scorer_fn(scorer, task, requests)
+        n = len(evaluated)
+    result = {
+        "type": task.type,
+        "num_fewshot": task.num_fewshot,
+        "num_examples": n,
+        "seed": seed,
+        "metrics": {name: value for name, (value, _) in summary.items()},
+        "stderr": {name: se for name, (_, se) in summary.items()},
+    }
+    return result, records
+
+
+def evaluate(
+    scorer: LMScorer,
+    tasks: Sequence[TaskConfig],
+    *,
+    seed: int = DEFAULT_FEWSHOT_SEED,
+    limit: int | None = None,
+    log_samples: bool = False,
+) -> dict[str, Any]:
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"task names must be unique, got {names}")
+    out: dict[str, Any] = {"results": {}}
+    if log_samples:
+        out["samples"] = {}
+    for task in tasks:
+        result, records = evaluate_task(scorer, task, seed=seed, limit=limit)
+        out["results"][task.name] = result
+        if log_samples:
+            out["samples"][task.name] = records
+    return out
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """Markdown table: task, type, shots, n, seed, metric, value, stderr."""
+    header = ["task", "type", "shots", "n", "seed", "metric", "value", "stderr"]
+    rows = []
+    for name, res in results["results"].items():
+        for metric, value in res["metrics"].items():
+            se = res["stderr"].get(metric)
+            rows.append(
+                [
+                    name,
+                    res["type"],
+                    str(res["num_fewshot"]),
+                    str(res["num_examples"]),
+                    str(res["seed"]),
+                    metric,
+                    f"{value:.4f}",
+                    "N/A" if se is None else f"{se:.4f}",
+                ]
+            )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save_results(results: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(results, indent=2, ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8"
+    )
+    return path
+
+
+def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, float]:
+    """``{"eval/<task>/<metric>": value, "eval/<task>/<metric>_stderr": se}`` for loggers."""
+    flat = {}
+    for name, res in results["results"].items():
+        for metric, value in res["metrics"].items():
+            flat[f"{prefix}/{name}/{metric}"] = value
+            se = res["stderr"].get(metric)
+            if se is not None and math.isfinite(se):
+                flat[f"{prefix}/{name}/{metric}_stderr"] = se
+    return flat
+
+
+def log_to_wandb(results: dict[str, Any], run: Any, step: int | None = None) -> None:
+    """Log every metric to a W&B run (anything with ``.log``), and the table as a ``wandb.Table``."""
+    payload: dict[str, Any] = dict(flat_metrics(results))
+    try:
+        import wandb
+
+        columns = ["task", "type", "shots", "n", "seed", "metric", "value", "stderr"]
+        table = wandb.Table(columns=columns)
+        for name, res in results["results"].items():
+            for metric, value in res["metrics"].items():
+                table.add_data(
+                    name,
+                    res["type"],
+                    res["num_fewshot"],
+                    res["num_examples"],
+                    res["seed"],
+                    metric,
+                    value,
+                    res["stderr"].get(metric),
+                )
+        payload["eval/results"] = table
+    except ImportError:
+        pass
+    run.log(payload, step=step) if step is not None else run.log(payload)

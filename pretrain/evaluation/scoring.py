@@ -1,0 +1,251 @@
+"""Batched log-likelihood scoring and greedy decoding, with lm-evaluation-harness's semantics.
+
+``LMScorer`` sees a model only through ``logits_fn``:
+
+- decoder-only: ``logits_fn(input_ids (B, T), attention_mask (B, T)) -> logits (B, T, V)``;
+- encoder-decoder: ``logits_fn(input_ids (B, S), attention_mask (B, S), decoder_input_ids (B, T),
+  decoder_attention_mask (B, T)) -> decoder logits (B, T, V)``.
+
+Tokenization follows lm-eval's ``TemplateLM._encode_pair``: trailing whitespace of the context moves to
+the continuation; decoder-only models encode ``context`` and ``context + continuation`` and take the
+continuation as ``whole[len(context_ids):]``; encoder-decoder models encode both separately (the
+continuation without special tokens) and score it as targets given the context as encoder input.
+An empty context is replaced by ``prefix_token_id`` (BOS, else EOS).
+
+Decoder-only scoring (lm-eval's ``_loglikelihood_tokens``): the model reads
+``(context + continuation)[-(max_length + 1):][:-1]`` and the continuation's log-probabilities are read at
+the last ``len(continuation)`` positions::
+
+    tokens  c0 c1 c2 | x0 x1 x2
+    input   c0 c1 c2   x0 x1        (last token dropped)
+    scores        x0   x1 x2        (log p(x_i | everything before))
+
+The log-likelihood is the sum of those log-probabilities, ``is_greedy`` whether every continuation
+token is the argmax. Requests are sorted by length and batched; padding (right or left, with position
+ids rebuilt from the attention mask by the model adapter) never changes a request's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+LogitsFn = Callable[..., torch.Tensor]
+DecodeSteps = Generator[torch.Tensor, torch.Tensor, None]
+# (prompt ids (B, T) left-padded | encoder ids (B, S), mask) -> generator: yields next-token logits (B, V),
+# is sent the chosen ids (B,)
+DecodeFn = Callable[[torch.Tensor, torch.Tensor], DecodeSteps]
+ARCHITECTURES = ("decoder", "encoder-decoder")
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be evaluated with in-context prompts (e.g. an encoder-only BERT)."""
+
+
+def check_architecture(arch: str) -> None:
+    if arch == "encoder":
+        raise UnsupportedModelError(
+            "encoder-only checkpoints (arch='encoder', BERT-style MLM) are unsupported for in-context "
+            "evaluation: they define no left-to-right likelihood of a continuation; evaluate a decoder "
+            "(GPT) or encoder-decoder (T5) checkpoint, or fine-tune this one on the task"
+        )
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(f"unknown architecture {arch!r}; supported: {list(ARCHITECTURES)}")
+
+
+@dataclass
+class LMScorer:
+    """Log-likelihoods of continuations and greedy generations from a model's logits."""
+
+    logits_fn: LogitsFn
+    tokenizer: Tokenizer
+    max_length: int
+    prefix_token_id: int
+    eos_token_id: int | None = None
+    arch: str = "decoder"
+    decoder_start_token_id: int | None = None
+    pad_token_id: int = 0
+    batch_size: int = 16
+    padding_side: str = "right"
+    device: torch.device | str = "cpu"
+    decode_fn: DecodeFn | None = None  # incremental decoding (KV cache); default: re-run logits_fn per step
+
+    def __post_init__(self) -> None:
+        check_architecture(self.arch)
+        if self.padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+        if self.arch == "encoder-decoder" and self.decoder_start_token_id is None:
+            raise ValueError("an encoder-decoder scorer needs decoder_start_token_id (T5: the pad id, 0)")
+
+    @property
+    def seq2seq(self) -> bool:
+        return self.arch == "encoder-decoder"
+
+    # ------------------------------------------------------------------ tokenization
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context ids, continuation ids) exactly as lm-eval tokenizes a loglikelihood request."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+        if context == "":  # (lm-eval moves the spaces after this check, then fails on an empty context)
+            cont = self.encode(continuation, add_special_tokens=False)
+            if cont and cont[0] == self.prefix_token_id:
+                return cont[:1], cont[1:]
+            return [self.prefix_token_id], cont
+        if self.seq2seq:
+            return self.encode(context), self.encode(continuation, add_special_tokens=False)
+        context_ids = self.encode(context)
+        return context_ids, self.encode(context + continuation)[len(context_ids) :]
+
+    # ------------------------------------------------------------------ log-likelihood
+    def loglikelihood(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, bool]]:
+        """(sum log p(continuation | context), is_greedy) per (context, continuation) string pair."""
+        encoded = [self.encode_pair(c, x) for c, x in pairs]
+        for (ctx, cont), (_, cont_ids) in zip(pairs, encoded):
+            if not cont_ids:
+                raise ValueError(
+                    f"continuation {cont!r} after context ending {ctx[-40:]!r} encodes to no tokens "
+                    "of its own (it merged into the context's last token); separate them with a delimiter"
+                )
+        return self.loglikelihood_tokens(encoded)
+
+    def loglikelihood_tokens(
+        self, requests: Sequence[tuple[list[int], list[int]]]
+    ) -> list[tuple[float, bool]]:
+        """Token-level version of ``loglikelihood``; results are in the order of ``requests``."""
+        for i, (ctx, cont) in enumerate(requests):
+            if not ctx or not cont:
+                raise ValueError(f"request {i}: context and continuation must both be non-empty token lists")
+            if len(cont) > self.max_length:
+                raise ValueError(
+                    f"request {i}: continuation of {len(cont)} tokens exceeds max_length={self.max_length}"
+                )
+        # longest first (as lm-eval), so a batch's padding is small and memory peaks at the start
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]) - len(requests[i][1]))
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            scored = self._score_batch([requests[i] for i in chunk])
+            for i, res in zip(chunk, scored):
+                results[i] = res
+        return results  # type: ignore[return-value]
+
+    def _pad(self, rows: list[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """(ids (B, T), mask (B, T), offset of each row's first real token)."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        offsets = []
+        for b, row in enumerate(rows):
+            off = width - len(row) if side == "left" else 0
+            ids[b, off : off + len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[b, off : off + len(row)] = 1
+            offsets.append(off)
+        return ids.to(self.device), mask.to(self.device), offsets
+
+    @torch.no_grad()
+    def _score_batch(self, batch: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        conts = [cont for _, cont in batch]
+        if self.seq2seq:
+            enc, enc_mask, _ = self._pad([ctx[-self.max_length :] for ctx, _ in batch], self.padding_side)
+            dec_rows = [[self.decoder_start_token_id] + cont[:-1] for cont in conts]
+            dec, dec_mask, _ = self._pad(dec_rows, "right")  # causal decoder: right padding is inert
+            logits = self.logits_fn(enc, enc_mask, dec, dec_mask)  # (B, T, V)
+            spans = [(0, len(cont)) for cont in conts]
+        else:
+            rows = [(ctx + cont)[-(self.max_length + 1) :][:-1] for ctx, cont in batch]
+            ids, mask, offsets = self._pad(rows, self.padding_side)
+            logits = self.logits_fn(ids, mask)  # (B, T, V)
+            spans = [
+                (off + len(row) - len(cont), off + len(row)) for off, row, cont in zip(offsets, rows, conts)
+            ]
+        results = []
+        for b, ((lo, hi), cont) in enumerate(zip(spans, conts)):
+            logprobs = F.log_softmax(logits[b, lo:hi].double(), dim=-1)  # (c, V), exact sums of many tokens
+            target = torch.tensor(cont, device=logprobs.device)
+            ll = logprobs.gather(-1, target[:, None]).sum()
+            results.append((float(ll), bool((logprobs.argmax(-1) == target).all())))
+        return results
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def greedy_until(self, contexts: Sequence[str], until: Sequence[str], max_new_tokens: int) -> list[str]:
+        """Greedy continuation of each context, cut before the first stop sequence (EOS always stops).
+
+        Decoder-only contexts keep their last ``max_length - max_new_tokens`` tokens (as lm-eval).
+        """
+        if not self.seq2seq and max_new_tokens >= self.max_length:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be below max_length={self.max_length}")
+        keep = self.max_length if self.seq2seq else self.max_length - max_new_tokens
+        encoded = [self.encode(c)[-keep:] if c else [self.prefix_token_id] for c in contexts]
+        order = sorted(range(len(contexts)), key=lambda i: -len(encoded[i]))
+        results: list[str] = [""] * len(contexts)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            new_tokens = self._greedy_batch([encoded[i] for i in chunk], until, max_new_tokens)
+            for i, toks in zip(chunk, new_tokens):
+                results[i] = _cut(self.decode(toks), until)
+        return results
+
+    def _greedy_batch(
+        self, prompts: list[list[int]], until: Sequence[str], max_new_tokens: int
+    ) -> list[list[int]]:
+        """Newly generated ids per prompt (up to, excluding, EOS), decoding all prompts together."""
+        # left padding: every row's next token sits at the last position
+        ids, mask, _ = self._pad(prompts, self.padding_side if self.seq2seq else "left")
+        steps = (self.decode_fn or self._uncached_decode)(ids, mask)
+        logits = next(steps)  # (B, V)
+        new: list[list[int]] = [[] for _ in prompts]
+        done = [False] * len(prompts)
+        for step in range(max_new_tokens):
+            next_ids = logits.argmax(-1)  # (B,)
+            for b, tok in enumerate(next_ids.tolist()):
+                if done[b]:
+                    continue
+                if tok == self.eos_token_id:
+                    done[b] = True
+                    continue
+                new[b].append(tok)
+                text = self.decode(new[b])
+                done[b] = any(stop and stop in text for stop in until)
+            if all(done) or step == max_new_tokens - 1:
+                break
+            logits = steps.send(next_ids)
+        steps.close()
+        return new
+
+    def _uncached_decode(self, ids: torch.Tensor, mask: torch.Tensor) -> DecodeSteps:
+        """``DecodeFn`` from ``logits_fn`` alone: re-reads the whole sequence at every step (no KV cache)."""
+        if self.seq2seq:
+            dec = torch.full(
+                (ids.shape[0], 1), self.decoder_start_token_id, dtype=torch.long, device=self.device
+            )
+            while True:
+                new = yield self.logits_fn(ids, mask, dec, torch.ones_like(dec))[:, -1]
+                dec = torch.cat([dec, new[:, None]], dim=1)
+        while True:
+            new = yield self.logits_fn(ids, mask)[:, -1]
+            ids = torch.cat([ids, new[:, None]], dim=1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+
+
+def _cut(text: str, until: Sequence[str]) -> str:
+    """``text`` up to the first occurrence of each stop sequence (lm-eval's postprocessing)."""
+    for stop in until:
+        if stop:
+            text = text.split(stop)[0]
+    return text
