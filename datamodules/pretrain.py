@@ -47,7 +47,7 @@ class Objective(Protocol):
 
     def raw_length(self, input_length: int) -> int: ...
 
-    def __call__(self, tokens: Tensor, generator: torch.Generator) -> dict[str, Tensor]: ...
+    def __call__(self, tokens: Tensor, generators: Sequence[torch.Generator]) -> dict[str, Tensor]: ...
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -76,11 +76,8 @@ class ObjectiveCollate:
     def __call__(self, samples: list[Sample]) -> dict[str, Tensor]:
         tokens = torch.from_numpy(np.stack([s.tokens for s in samples]))  # (B, L) int64
         epochs, positions = np.divmod([s.index for s in samples], self.epoch_size)
-        rows = [
-            self.objective(row[None], torch.Generator().manual_seed(int(seed)))
-            for row, seed in zip(tokens, sample_seeds(self.seed, self.stream, epochs, positions), strict=True)
-        ]
-        return {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
+        seeds = sample_seeds(self.seed, self.stream, epochs, positions)
+        return self.objective(tokens, [torch.Generator().manual_seed(int(seed)) for seed in seeds])
 
 
 class PretrainDataModule(L.LightningDataModule):
@@ -88,7 +85,8 @@ class PretrainDataModule(L.LightningDataModule):
 
     Args:
         data_dirs: prepared directories, each with ``train.bin/.idx`` and ``val.bin/.idx``.
-        objective: duck-typed objective (``raw_length``, ``__call__(tokens (B, L), generator)``).
+        objective: duck-typed objective (``raw_length``, ``__call__(tokens (B, L), generators)`` with one
+            ``torch.Generator`` per row).
         seq_len: model input length; samples hold ``objective.raw_length(seq_len)`` raw tokens.
         micro_batch_size: samples per batch per rank.
         weights: one positive weight per directory (normalised); default equal.

@@ -25,9 +25,10 @@ class NoisyCausal:
     def raw_length(self, input_length: int) -> int:
         return input_length + 1
 
-    def __call__(self, tokens: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def __call__(self, tokens: torch.Tensor, generators: list[torch.Generator]) -> dict[str, torch.Tensor]:
         labels = tokens[:, 1:].clone()
-        labels[torch.rand(labels.shape, generator=generator) < 0.3] = -100
+        noise = torch.stack([torch.rand(labels.shape[1], generator=g) for g in generators])
+        labels[noise < 0.3] = -100
         return {"input_ids": tokens[:, :-1], "labels": labels}
 
 
