@@ -1,0 +1,174 @@
+"""Self-contained, atomically written checkpoints; `resume=auto`; loading for inference; sharded consolidation.
+
+A checkpoint is Lightning's (weights, optimizer, scheduler, loop progress, callbacks, datamodule position) plus
+``checkpoint["pretrain"]``: the resolved run config, the tokenizer (``tokenizer.json`` text), the W&B run id and
+the tokens seen. Dropout randomness is a function of (seed, optimizer step, micro-batch, rank) -- see
+``PretrainModule`` -- so restoring the step restores the random state exactly. Files are loaded with
+``torch.load(weights_only=True)``: no code from a checkpoint ever runs.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from tokenizers import Tokenizer
+
+from pretrain.config import ModelConfig
+from pretrain.model import Transformer
+
+PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
+FSDP_METADATA = "meta.pt"  # Lightning's FSDP sharded layout: <dir>/meta.pt + torch.distributed.checkpoint shards
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes to a temporary file in the same directory, fsyncs, then ``os.replace``: a reader sees the old file or
+    the complete new one, never a partial write (a crash mid-save leaves only a stray ``.tmp``)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        return read(path, map_location=map_location)
+
+
+def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a single-file checkpoint, with a clear error when it is unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    try:
+        return torch.load(path, map_location=map_location or "cpu", weights_only=True, mmap=mmap)
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, pickle.UnpicklingError) as err:
+        raise ValueError(f"checkpoint {path} is unreadable (truncated, corrupt or not weights-only): {err}") from err
+
+
+def is_valid(path: Path) -> bool:
+    """A complete checkpoint: a file whose zip archive passes its CRC checks and that unpickles safely, or a
+    sharded directory (FSDP ``meta.pt`` / DeepSpeed ``latest``) with its metadata."""
+    if path.is_dir():
+        if (path / FSDP_METADATA).is_file():
+            return is_valid(path / FSDP_METADATA) and (path / ".metadata").is_file()
+        return (path / "latest").is_file()
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if archive.testzip() is not None:
+                return False
+        read(path, mmap=True)
+    except (ValueError, zipfile.BadZipFile, OSError):
+        return False
+    return True
+
+
+def find_resume(checkpoint_dir: str | Path) -> Path | None:
+    """Newest valid checkpoint in ``checkpoint_dir`` (by write time); invalid newer ones are skipped with a warning.
+
+    ``None`` when the directory holds no checkpoint (a fresh run).
+    """
+    directory = Path(checkpoint_dir)
+    if not directory.is_dir():
+        return None
+    candidates = [p for p in directory.iterdir() if p.suffix == ".ckpt" and not p.name.startswith(".")]
+    for path in sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True):
+        if is_valid(path):
+            return path
+        warnings.warn(
+            f"resume=auto: skipping checkpoint {path}, which is truncated or corrupt; falling back to an older one",
+            stacklevel=2,
+        )
+    if candidates:
+        raise ValueError(f"resume=auto: no valid checkpoint among {sorted(p.name for p in candidates)} in {directory}")
+    return None
+
+
+def payload(path: str | Path) -> dict[str, Any]:
+    """Our section (config, tokenizer, W&B id, tokens seen) of a checkpoint file or sharded directory."""
+    path = Path(path)
+    meta = path / FSDP_METADATA if path.is_dir() else path
+    ckpt = read(meta, mmap=True)
+    if PAYLOAD not in ckpt:
+        raise ValueError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
+    return ckpt[PAYLOAD]
+
+
+def check_compatible(saved_config: dict[str, Any], model_config: dict[str, Any], path: str | Path) -> None:
+    """``ValueError`` when a checkpoint's model differs in architecture or any shape from the configured one."""
+    diffs = {k: (saved_config.get(k), v) for k, v in model_config.items() if saved_config.get(k) != v}
+    if diffs:
+        listed = ", ".join(f"model.{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(diffs.items()))
+        raise ValueError(
+            f"checkpoint {path} holds a different model ({listed}); resume with the recipe it was trained with, "
+            "or start a fresh run (resume=null, another run_dir)"
+        )
+
+
+def consolidate(path: str | Path, output: str | Path) -> Path:
+    """One-file checkpoint from a sharded one: FSDP (``torch.distributed.checkpoint`` shards + ``meta.pt``) or
+    DeepSpeed ZeRO (needs ``deepspeed``; its files are trusted pickles). A single file is returned unchanged."""
+    path, output = Path(path), Path(output)
+    if path.is_file():
+        return path
+    if (path / FSDP_METADATA).is_file():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(path, Path(tmp) / "full.pt")
+            shards = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=True)
+        checkpoint = read(path / FSDP_METADATA)
+        checkpoint["state_dict"] = shards["model"]
+        checkpoint["optimizer_states"] = [shards[k] for k in sorted(shards) if k.startswith("optimizer_")]
+        AtomicCheckpointIO().save_checkpoint(checkpoint, output)
+        return output
+    if (path / "latest").is_file():
+        try:
+            from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+        except ModuleNotFoundError as err:  # pragma: no cover - depends on the environment
+            raise ValueError("consolidating a DeepSpeed checkpoint needs `pip install deepspeed`") from err
+        convert_zero_checkpoint_to_fp32_state_dict(path, output)
+        return output
+    raise ValueError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
+
+
+def model_state(checkpoint: dict[str, Any], prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The backbone's weights from a Lightning ``state_dict`` (``PretrainModule.model`` -> keys ``model.*``)."""
+    return {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+
+
+def load_model(path: str | Path) -> tuple[Transformer, dict[str, Any], Tokenizer | None]:
+    """``(model in eval mode, payload, tokenizer)`` from a checkpoint file or a sharded checkpoint directory."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        single = consolidate(path, Path(tmp) / "consolidated.ckpt") if path.is_dir() else path
+        checkpoint = read(single)
+    if PAYLOAD not in checkpoint:
+        raise ValueError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
+    info = checkpoint[PAYLOAD]
+    model = Transformer(ModelConfig(**info["config"]["model"]))
+    model.load_state_dict(model_state(checkpoint))
+    tokenizer = Tokenizer.from_str(info["tokenizer_json"]) if info.get("tokenizer_json") else None
+    return model.eval(), info, tokenizer

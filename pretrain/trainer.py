@@ -1,0 +1,170 @@
+"""The Lightning Trainer of a run: strategy (DDP / FSDP / DeepSpeed ZeRO), precision, loggers and callbacks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
+from torch import nn
+
+from pretrain.checkpoint import AtomicCheckpointIO
+from pretrain.configs import RunConfig
+from pretrain.throughput import PeakThroughputMonitor
+
+
+def deepspeed_config(run: RunConfig) -> dict[str, Any]:
+    """DeepSpeed JSON config for ZeRO stage 1/2/3 with optional CPU offload.
+
+    Lightning fills in the batch sizes, gradient accumulation, clipping and precision from the Trainer.
+    """
+    ds = run.strategy.deepspeed
+    if (ds.offload_optimizer or ds.offload_parameters) and ds.stage == 1:
+        raise ValueError("strategy.deepspeed: CPU offload needs ZeRO stage 2 or 3; set strategy.deepspeed.stage")
+    if ds.offload_parameters and ds.stage != 3:
+        raise ValueError("strategy.deepspeed.offload_parameters needs ZeRO stage 3")
+    zero: dict[str, Any] = {
+        "stage": ds.stage,
+        "overlap_comm": ds.overlap_comm,
+        "contiguous_gradients": ds.contiguous_gradients,
+        "allgather_bucket_size": ds.allgather_bucket_size,
+        "reduce_bucket_size": ds.reduce_bucket_size,
+    }
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if ds.offload_parameters:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {"zero_optimization": zero, "zero_allow_untested_optimizer": True}
+
+
+def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
+    """``auto`` | DDP | FSDP (one unit per transformer block) | DeepSpeed, from ``run.strategy``."""
+    s, blocks = run.strategy, set(block_classes)
+    if s.name == "auto":
+        return "auto"
+    if s.name == "ddp":
+        return DDPStrategy(
+            find_unused_parameters=s.ddp.find_unused_parameters,
+            static_graph=s.ddp.static_graph,
+            process_group_backend=s.ddp.process_group_backend,
+            checkpoint_io=AtomicCheckpointIO(),
+        )
+    if s.name == "fsdp":
+        from torch.distributed.fsdp import CPUOffload
+
+        return FSDPStrategy(
+            auto_wrap_policy=blocks or None,
+            activation_checkpointing_policy=blocks if run.trainer.activation_checkpointing else None,
+            sharding_strategy=s.fsdp.sharding_strategy,
+            state_dict_type=s.fsdp.state_dict_type,
+            cpu_offload=CPUOffload(offload_params=True) if s.fsdp.cpu_offload else None,
+            limit_all_gathers=s.fsdp.limit_all_gathers,
+            use_orig_params=True,  # parameter groups by name, torch.compile
+            checkpoint_io=AtomicCheckpointIO(),
+        )
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as err:
+        raise ValueError("strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'") from err
+    return DeepSpeedStrategy(config=deepspeed_config(run))
+
+
+def wandb_mode(run: RunConfig) -> str:
+    """``online`` only when configured (logger.wandb.mode=online, WANDB_MODE, or an API key); else ``offline``."""
+    return run.logger.wandb.mode or os.environ.get("WANDB_MODE") or (
+        "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    )
+
+
+def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
+    """W&B (offline by default; ``wandb_id`` continues a run), CSV and TensorBoard under ``run.run_dir``."""
+    out = Path(run.run_dir)
+    loggers: list[Logger] = []
+    cfg = run.logger
+    if cfg.wandb.enabled:
+        mode = wandb_mode(run)
+        os.environ["WANDB_MODE"] = mode  # no network and no account needed unless the user asks for it
+        out.mkdir(parents=True, exist_ok=True)
+        logger = WandbLogger(
+            project=cfg.wandb.project,
+            name=cfg.wandb.name or run.name,
+            group=cfg.wandb.group,
+            tags=list(cfg.wandb.tags),
+            save_dir=str(out),
+            id=wandb_id,
+            offline=mode == "offline",
+            resume="allow",
+            config=resolved,  # wandb.init(config=...): the run's config panel
+        )
+        loggers.append(logger)
+    if cfg.csv:
+        loggers.append(CSVLogger(save_dir=str(out), name="logs"))
+    if cfg.tensorboard:
+        loggers.append(TensorBoardLogger(save_dir=str(out), name="tensorboard"))
+    for logger in loggers[1 if cfg.wandb.enabled else 0 :]:
+        logger.log_hyperparams(resolved)  # hparams.yaml next to the metrics
+    return loggers
+
+
+def build_callbacks(run: RunConfig) -> list[Callback]:
+    """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, the best k by validation loss, throughput/MFU."""
+    directory = run.checkpoint_dir
+    k = run.trainer.accumulate_grad_batches
+    callbacks: list[Callback] = [
+        ModelCheckpoint(dirpath=directory, filename="last", save_top_k=0, save_last=True,
+                        every_n_train_steps=run.checkpoint.every_n_steps),
+        PeakThroughputMonitor(
+            batch_size_fn=lambda batch: batch["input_ids"].shape[0],
+            length_fn=lambda batch: batch["input_ids"].numel(),
+            window_size=max(2, run.trainer.throughput_window * k),
+            peak=run.trainer.peak_flops,
+        ),
+    ]
+    if run.checkpoint.save_top_k > 0:
+        callbacks.append(ModelCheckpoint(
+            dirpath=directory, filename="best-step{step}-loss{val/loss:.4f}", auto_insert_metric_name=False,
+            monitor=run.checkpoint.monitor, mode="min", save_top_k=run.checkpoint.save_top_k,
+        ))
+    return callbacks
+
+
+def build_trainer(
+    run: RunConfig,
+    resolved: dict[str, Any],
+    *,
+    block_classes: Iterable[type[nn.Module]] = (),
+    wandb_id: str | None = None,
+    callbacks: Iterable[Callback] = (),
+    loggers: list[Logger] | None = None,
+) -> L.Trainer:
+    """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
+    t = run.trainer
+    strategy = build_strategy(run, block_classes)
+    k = t.accumulate_grad_batches
+    return L.Trainer(
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=strategy,
+        precision=t.precision,
+        max_steps=t.max_steps,
+        max_epochs=-1,
+        accumulate_grad_batches=k,
+        gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=t.val_check_interval * k,
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.limit_val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every_n_steps,
+        logger=build_loggers(run, resolved, wandb_id) if loggers is None else loggers,
+        callbacks=[*build_callbacks(run), *callbacks],
+        plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,
+        enable_progress_bar=t.progress_bar,
+        use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
+        default_root_dir=run.run_dir,
+    )

@@ -1,0 +1,155 @@
+"""Checkpoint files: atomic writes, safe loading, `resume=auto` fallback, sharded consolidation, inference."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from pretrain.checkpoint import (
+    FSDP_METADATA,
+    PAYLOAD,
+    AtomicCheckpointIO,
+    check_compatible,
+    consolidate,
+    find_resume,
+    is_valid,
+    load_model,
+    read,
+)
+from pretrain.config import ModelConfig
+from pretrain.model import Transformer
+
+CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
+
+
+def lightning_like(step: int, model: Transformer | None = None) -> dict:
+    model = model or Transformer(CONFIG)
+    return {
+        "global_step": step,
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+        PAYLOAD: {"config": {"model": dataclasses.asdict(CONFIG)}, "tokenizer_json": None, "wandb_run_id": "abc"},
+    }
+
+
+def save(path: Path, step: int, mtime: int) -> Path:
+    AtomicCheckpointIO().save_checkpoint(lightning_like(step), path)
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+    with pytest.raises(Exception):  # noqa: B017 - pickling a lambda fails inside torch.save
+        io.save_checkpoint({"step": 2, "fn": lambda: 0}, path)
+    assert io.load_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left behind
+
+
+def test_read_is_weights_only(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"x": Evil()}, tmp_path / "evil.ckpt")
+    with pytest.raises(ValueError, match="unreadable"):
+        read(tmp_path / "evil.ckpt")
+    with pytest.raises(FileNotFoundError):
+        read(tmp_path / "missing.ckpt")
+
+
+def test_validity_detects_truncation_and_flipped_bytes(tmp_path):
+    good = save(tmp_path / "a.ckpt", 1, 1)
+    assert is_valid(good)
+    cut = save(tmp_path / "b.ckpt", 1, 1)
+    truncate(cut)
+    assert not is_valid(cut)
+    flipped = save(tmp_path / "c.ckpt", 1, 1)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a tensor record: only the zip CRC notices
+    flipped.write_bytes(bytes(data))
+    assert not is_valid(flipped)
+
+
+def test_find_resume_falls_back_from_a_truncated_newest(tmp_path):
+    assert find_resume(tmp_path / "none") is None
+    assert find_resume(tmp_path) is None
+    save(tmp_path / "best-step2.ckpt", 2, 100)
+    save(tmp_path / "step4.ckpt", 4, 200)
+    newest = save(tmp_path / "last.ckpt", 6, 300)
+    (tmp_path / ".last.ckpt.x1.tmp").write_bytes(b"partial")  # a crash mid-save leaves this: ignored
+    assert find_resume(tmp_path) == newest
+    truncate(newest)
+    with pytest.warns(UserWarning, match="last.ckpt, which is truncated or corrupt"):
+        assert find_resume(tmp_path) == tmp_path / "step4.ckpt"
+
+
+def test_find_resume_with_no_valid_checkpoint_is_an_error(tmp_path):
+    truncate(save(tmp_path / "last.ckpt", 1, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="no valid checkpoint"):
+            find_resume(tmp_path)
+
+
+def test_check_compatible_names_the_differences():
+    saved = dataclasses.asdict(CONFIG)
+    check_compatible(saved, dict(saved), "x.ckpt")
+    other = dataclasses.asdict(dataclasses.replace(CONFIG, arch="encoder", d_model=32))
+    with pytest.raises(ValueError, match=r"model.arch: checkpoint 'decoder' vs config 'encoder'.*d_model"):
+        check_compatible(saved, other, "x.ckpt")
+
+
+def test_consolidate_an_fsdp_sharded_checkpoint(tmp_path):
+    """Lightning's FSDP layout: torch.distributed.checkpoint shards of model/optimizer + meta.pt for the rest."""
+    full = lightning_like(3)
+    directory = tmp_path / "last.ckpt"
+    shards = {"model": full.pop("state_dict"), "optimizer_0": {"state": {}, "param_groups": [{"lr": 0.1}]}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no process group: single-process save
+        dcp.save(shards, checkpoint_id=directory)
+    torch.save({k: v for k, v in full.items() if k != "optimizer_states"}, directory / FSDP_METADATA)
+    assert is_valid(directory)
+    single = consolidate(directory, tmp_path / "single.ckpt")
+    merged = read(single)
+    assert merged["global_step"] == 3 and merged[PAYLOAD]["wandb_run_id"] == "abc"
+    for key, value in shards["model"].items():
+        assert torch.equal(merged["state_dict"][key], value)
+    assert merged["optimizer_states"][0]["param_groups"][0]["lr"] == 0.1
+    model, info, tokenizer = load_model(directory)  # inference straight from the sharded directory
+    assert tokenizer is None and info["wandb_run_id"] == "abc"
+    assert torch.equal(model.state_dict()["embed.tok.weight"], shards["model"]["model.embed.tok.weight"])
+
+
+def test_consolidate_rejects_other_directories(tmp_path):
+    with pytest.raises(ValueError, match="neither a checkpoint file nor a sharded"):
+        consolidate(tmp_path, tmp_path / "out.ckpt")
+
+
+def test_load_model_restores_weights_and_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    model = Transformer(CONFIG)
+    ckpt = lightning_like(1, model)
+    ckpt[PAYLOAD]["tokenizer_json"] = Tokenizer(models.BPE()).to_str()
+    AtomicCheckpointIO().save_checkpoint(ckpt, tmp_path / "m.ckpt")
+    loaded, _, tokenizer = load_model(tmp_path / "m.ckpt")
+    assert isinstance(tokenizer, Tokenizer) and not loaded.training
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+    torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
+    with pytest.raises(ValueError, match="not a checkpoint written by `pretrain fit`"):
+        load_model(tmp_path / "foreign.ckpt")

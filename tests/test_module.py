@@ -1,0 +1,161 @@
+"""PretrainModule: the gradient of an accumulated step equals the whole global batch's; logged metrics; precisions."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from training_utils import metric_by_step, read_metrics, tiny_recipe, tiny_world  # noqa: F401
+
+from pretrain import configs
+from pretrain.cli import build_data, prepare_run
+from pretrain.model import Transformer
+from pretrain.module import STEP_TARGETS, StepGroups
+from pretrain.trainer import build_trainer
+
+
+class CaptureGrads(Callback):
+    """Gradients of the first optimizer step, as the optimizer would see them (before clipping)."""
+
+    def __init__(self) -> None:
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.grads:
+            self.grads = {n: p.grad.clone() for n, p in pl_module.model.named_parameters() if p.grad is not None}
+
+
+def fit_one_step(tmp_path, world, kind: str, micro: int, k: int):
+    recipe = tiny_recipe(tmp_path, world, kind, data={"micro_batch_size": micro},
+                         trainer={"max_steps": 1, "accumulate_grad_batches": k, "gradient_clip_val": None})
+    run, resolved = configs.load(recipe)
+    parts = prepare_run(run, resolved)
+    init = copy.deepcopy(parts["module"].model.state_dict())
+    capture = CaptureGrads()
+    trainer = build_trainer(run, resolved, callbacks=[capture], loggers=[])
+    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    return run, parts, init, capture.grads
+
+
+def one_piece_grads(run, parts, init, global_batch: int, loss_fn) -> dict[str, torch.Tensor]:
+    """Gradients of ``loss_fn(model, [micro-batches])`` on the run's first ``global_batch`` samples."""
+    run.data.micro_batch_size, run.trainer.accumulate_grad_batches = global_batch, 1
+    dm = build_data(run, parts["module"].objective, parts["tokenizer"])
+    batch = next(iter(dm.train_dataloader()))
+    batch.pop(STEP_TARGETS)
+    model = Transformer(run.model)
+    model.load_state_dict(init)
+    loss_fn(model, batch).backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def global_mean_loss(objective):
+    def fn(model, batch):
+        labels = batch.pop("labels")
+        loss_sum, n = objective.loss(model(**batch).logits, labels)
+        return loss_sum / n
+
+    return fn
+
+
+def mean_of_micro_means(objective, micro: int):
+    def fn(model, batch):
+        labels = batch.pop("labels")
+        losses = []
+        for i in range(0, labels.shape[0], micro):
+            part = {k: v[i : i + micro] for k, v in batch.items()}
+            loss_sum, n = objective.loss(model(**part).logits, labels[i : i + micro])
+            losses.append(loss_sum / n)
+        return torch.stack(losses).mean()
+
+    return fn
+
+
+@pytest.mark.parametrize("kind", ["gpt", "bert", "t5"])
+def test_accumulated_gradient_equals_global_batch_gradient(tmp_path, tiny_world, kind):  # noqa: F811
+    """2 micro-batches of 2 (accumulated by the Trainer) == 1 batch of 4: sum of token losses / total targets."""
+    run, parts, init, grads = fit_one_step(tmp_path, tiny_world, kind, micro=2, k=2)
+    objective = parts["module"].objective
+    reference = one_piece_grads(run, parts, init, 4, global_mean_loss(objective))
+    assert grads.keys() == reference.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference[name], rtol=1e-4, atol=1e-6, msg=name)
+    if kind == "bert":  # MLM masks a varying number of tokens per micro-batch: a mean of means differs
+        naive = one_piece_grads(run, parts, init, 4, mean_of_micro_means(objective, 2))
+        assert any(not torch.allclose(grads[n], naive[n], rtol=1e-3, atol=1e-6) for n in grads)
+
+
+def test_step_groups_tag_each_micro_batch_with_its_step_target_count():
+    batches = [{"labels": torch.tensor([[1, -100, 3]])}, {"labels": torch.tensor([[-100, -100, 2]])},
+               {"labels": torch.tensor([[4, 5, 6]])}, {"labels": torch.tensor([[7, -100, -100]])},
+               {"labels": torch.tensor([[8, 8, 8]])}]
+    groups = StepGroups(batches, 2)
+    out = list(groups)
+    assert len(groups) == len(out) == 4  # the trailing incomplete step is dropped
+    assert [int(b[STEP_TARGETS]) for b in out] == [3, 3, 4, 4]
+
+
+def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt",
+                         trainer={"max_steps": 6, "accumulate_grad_batches": 2, "val_check_interval": 3,
+                                  "throughput_window": 2, "peak_flops": 1e12})
+    run, resolved = configs.load(recipe)
+    parts = prepare_run(run, resolved)
+    trainer = build_trainer(run, resolved)
+    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    rows = read_metrics(tmp_path / "run")
+    loss = metric_by_step(rows, "train/loss")
+    assert sorted(loss) == list(range(6))
+    for step, value in metric_by_step(rows, "train/perplexity").items():
+        assert value == pytest.approx(math.exp(loss[step]), rel=1e-4)
+    tokens_per_step = 4 * 2 * 32  # micro-batch x accumulation x seq_len
+    assert metric_by_step(rows, "train/tokens_seen") == {s: float((s + 1) * tokens_per_step) for s in range(6)}
+    lr = metric_by_step(rows, "train/lr")
+    assert lr[0] == pytest.approx(run.optim.lr / 2) and lr[1] == pytest.approx(run.optim.lr)  # 2 warmup steps
+    assert all(0 < a <= 1 for a in metric_by_step(rows, "train/accuracy").values())
+    assert all(g > 0 for g in metric_by_step(rows, "train/grad_norm").values())
+    assert sorted(metric_by_step(rows, "val/loss")) == [2, 5]
+    mfu = metric_by_step(rows, "train/device/mfu")
+    flops = metric_by_step(rows, "train/device/flops_per_sec")
+    assert mfu and all(mfu[s] == pytest.approx(flops[s] / 1e12) for s in mfu)
+    model = parts["module"].model
+    assert parts["module"].flops_per_batch == pytest.approx(model.flops_per_token(32) * 32 * 4 / 3)  # last: val
+
+
+def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):  # noqa: F811
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer={"max_steps": 4, "throughput_window": 2})
+    run, resolved = configs.load(recipe)
+    parts = prepare_run(run, resolved)
+    build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
+    rows = read_metrics(tmp_path / "run")
+    assert metric_by_step(rows, "train/device/items_per_sec")  # tokens/s is there
+    assert not metric_by_step(rows, "train/device/mfu")
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_reduced_precisions_train(tmp_path, tiny_world, precision):  # noqa: F811
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer={"max_steps": 3, "precision": precision},
+                         checkpoint={"save_top_k": 0})
+    run, resolved = configs.load(recipe)
+    parts = prepare_run(run, resolved)
+    build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
+    losses = metric_by_step(read_metrics(tmp_path / "run"), "train/loss")
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses.values())
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world):  # noqa: F811
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, _, _, plain = fit_one_step(tmp_path / "a", tiny_world, "gpt", micro=2, k=1)
+    recipe = tiny_recipe(tmp_path / "b", tiny_world, "gpt", data={"micro_batch_size": 2},
+                         trainer={"max_steps": 1, "activation_checkpointing": True, "gradient_clip_val": None})
+    run, resolved = configs.load(recipe)
+    parts = prepare_run(run, resolved)
+    assert parts["module"].model.gradient_checkpointing
+    capture = CaptureGrads()
+    build_trainer(run, resolved, callbacks=[capture], loggers=[]).fit(parts["module"], datamodule=parts["datamodule"])
+    for name, grad in plain.items():
+        torch.testing.assert_close(capture.grads[name], grad, msg=name)
