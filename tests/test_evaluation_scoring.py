@@ -23,29 +23,14 @@ from pretrain.evaluation.tasks import TaskConfig
 from pretrain.generation import generate
 from pretrain.model import Transformer
 
+# tiny-model presets transformers can express too (GPT-2, Llama with GQA, T5); the lm-eval test shares them
 ARCHS = {
-    "gpt": dict(arch="decoder", position="learned"),
-    "llama": dict(
-        arch="decoder",
-        position="rope",
-        norm="rmsnorm",
-        norm_bias=False,
-        activation="swiglu",
-        mlp_bias=False,
-        attn_bias=False,
-        n_kv_head=2,
-    ),
-    "t5": dict(
-        arch="encoder-decoder",
-        position="relative",
-        norm="rmsnorm",
-        norm_bias=False,
-        activation="relu",
-        init="t5",
-        attn_scale="none",
-        decoder_start_token_id=0,
-        pad_token_id=0,
-    ),
+    "gpt": {"arch": "decoder", "position": "learned"},
+    "llama": {"arch": "decoder", "position": "rope", "norm": "rmsnorm", "norm_bias": False, "n_kv_head": 2,
+              "activation": "swiglu", "mlp_bias": False, "attn_bias": False, "tie_embeddings": False},
+    "t5": {"arch": "encoder-decoder", "position": "relative", "norm": "rmsnorm", "norm_bias": False,
+           "activation": "relu", "mlp_bias": False, "attn_bias": False, "attn_scale": "none", "init": "t5",
+           "decoder_start_token_id": 0, "pad_token_id": 0},
 }
 
 
