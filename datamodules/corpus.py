@@ -33,7 +33,7 @@ INVALID_UTF8_POLICIES = ("error", "replace", "skip")
 _JSONL = (".jsonl", ".json")
 _PARQUET = (".parquet",)
 _TEXT = (".txt", ".text", ".raw", ".tokens", ".en", ".de", ".md")
-_BLOCK = 1 << 22  # bytes read per block from text/JSONL files
+_BLOCK = 1 << 20  # bytes read per block from text/JSONL files (larger blocks fragment the heap)
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?(:[\w.-]+)?$")
 
 
@@ -64,7 +64,7 @@ class Source:
         for file in [path] if path.is_file() else _files_under(path):
             digest.update(str(file.relative_to(path)).encode() if file != path else b"")
             with open(file, "rb") as f:
-                while chunk := f.read(1 << 22):
+                while chunk := f.read(_BLOCK):
                     digest.update(chunk)
         return digest.hexdigest()
 
@@ -207,6 +207,8 @@ def _iter_line_blocks(path: str, policy: str, stats: CorpusStats) -> Iterator[li
             if data:
                 yield _decode_lines(data, path, line_no, policy, stats)
                 line_no += data.count(b"\n")
+            elif not block and line_no > 1:
+                yield [""]  # the file ends with a newline: an empty last line, so "\n".join restores it
             if not block:
                 return
 

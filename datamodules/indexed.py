@@ -39,7 +39,7 @@ DTYPE_CODES: dict[int, type[np.integer]] = {
 }
 _CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
-_CHUNK = 1 << 20  # elements per streamed block when finalising an index
+_CHUNK = 1 << 16  # elements per streamed block when finalising an index (bounds its memory)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

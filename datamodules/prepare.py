@@ -22,7 +22,8 @@ import os
 import shutil
 import uuid
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,20 @@ def pack_batch(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> tuple[np.n
     out[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=len(out) - len(ids))
     out[ends] = eos_id
     return out, lengths
+
+
+def _encode_ahead(batches: Iterable[list[str]], encode) -> Iterator[tuple[list[str], list]]:
+    """Yield ``(batch, encode(batch))`` in order, encoding the next batch in a thread meanwhile: the Rust
+    encoder releases the GIL, so reading, packing and writing overlap with tokenization."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = None
+        for batch in batches:
+            future = pool.submit(encode, batch, add_special_tokens=False)
+            if pending is not None:
+                yield pending[0], pending[1].result()
+            pending = (batch, future)
+        if pending is not None:
+            yield pending[0], pending[1].result()
 
 
 def read_meta(prepared_dir: str | os.PathLike) -> dict:
@@ -145,8 +160,8 @@ def _build(
         tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar,
     ):
         first = 0
-        for batch in batched(docs, batch_docs, batch_chars):
-            ids = [e.ids for e in encode(batch, add_special_tokens=False)]
+        for batch, encodings in _encode_ahead(batched(docs, batch_docs, batch_chars), encode):
+            ids = [e.ids for e in encodings]
             tokens, lengths = pack_batch(ids, eos_id, dtype)
             is_val = val_mask(np.arange(first, first + len(batch)), seed, val_fraction)
             token_is_val = np.repeat(is_val, lengths)
