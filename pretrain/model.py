@@ -345,7 +345,10 @@ def self_attention_mask(
             return None, True
     q_pos = torch.arange(query_len, device=device)[:, None] + past_len  # (T, 1)
     k_pos = torch.arange(past_len + query_len, device=device)[None, :]  # (1, S)
-    allowed = (k_pos <= q_pos) if causal else torch.ones_like(q_pos == k_pos)
+    if causal:
+        allowed = k_pos <= q_pos
+    else:
+        allowed = torch.ones(query_len, past_len + query_len, dtype=torch.bool, device=device)
     allowed = allowed[None, None]  # (1, 1, T, S)
     if prefix_lengths is not None:
         allowed = allowed | (k_pos < prefix_lengths[:, None, None, None])
@@ -387,24 +390,17 @@ class Stack(nn.Module):
         if cache is not None:
             past = cache.seq_len
             key_mask = cache.extend_mask(key_mask, B, T)
+        explicit = self.relative_bias is not None and self.causal  # causality must be folded into the bias
         mask, is_causal = self_attention_mask(
-            self.causal,
-            T,
-            past,
-            key_mask,
-            document_ids,
-            prefix_lengths,
-            self.relative_bias is not None and self.causal,
-            x.device,
+            self.causal, T, past, key_mask, document_ids, prefix_lengths, explicit=explicit, device=x.device
         )
         if self.relative_bias is not None:  # T5: bias (B|1, h, T, S) with the mask folded in
             k_pos = positions if past == 0 else torch.arange(past + T, device=x.device)[None]
             bias = self.relative_bias(positions, k_pos)
             mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
         rope = self.rope(positions) if self.rope is not None else None
-        cross_mask = (
-            memory_mask[:, None, None, :].bool() if memory_mask is not None else None
-        )  # (B, 1, 1, S_enc)
+        # cross-attention: (B, 1, 1, S_enc), padded encoder positions are never attended
+        cross_mask = memory_mask[:, None, None, :].bool() if memory_mask is not None else None
         for i, block in enumerate(self.blocks):
             args = (x, mask, is_causal, rope, memory, cross_mask, cache, i)
             x = checkpoint(block, *args, use_reentrant=False) if checkpointing else block(*args)

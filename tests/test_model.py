@@ -203,7 +203,7 @@ def test_document_mask_equals_separate_forwards(name):
 _ROPE = {}
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(st.lists(st.integers(1, 6), min_size=1, max_size=5))
 def test_document_mask_property_rope(lengths):
     model = _ROPE.setdefault("model", tiny("llama"))
