@@ -47,7 +47,7 @@ class EvalConfig:
     output: str | None = None  # results JSON path
     log_samples: bool = False  # keep per-example records in the JSON
     wandb_project: str | None = None
-    wandb_run_id: str | None = None  # log into this (e.g. the training) run
+    wandb_run_id: str | None = None  # log into this run (e.g. the training run; project default "pretrain")
 
 
 def resolve_task_file(name: str) -> Path:
@@ -133,7 +133,11 @@ def run_evaluation(config: EvalConfig) -> dict[str, Any]:
 
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         run = wandb.init(
-            project=config.wandb_project, id=config.wandb_run_id, resume="allow", mode=mode, job_type="eval"
+            project=config.wandb_project or "pretrain",
+            id=config.wandb_run_id,
+            resume="allow",
+            mode=mode,
+            job_type="eval",
         )
         log_to_wandb(results, run)
         run.finish()

@@ -20,9 +20,14 @@ the last ``len(continuation)`` positions::
     input   c0 c1 c2   x0 x1        (last token dropped)
     scores        x0   x1 x2        (log p(x_i | everything before))
 
-The log-likelihood is the sum of those log-probabilities, ``is_greedy`` whether every continuation
-token is the argmax. Requests are sorted by length and batched; padding (right or left, with position
-ids rebuilt from the attention mask by the model adapter) never changes a request's result.
+The log-likelihood is the sum of those log-probabilities (log-softmax in float64), ``is_greedy`` whether
+every continuation token is the argmax. Requests are sorted by length and batched; padding (right or left,
+with position ids rebuilt from the attention mask by the model adapter) never changes a request's result.
+
+Greedy decoding (``greedy_until``) runs on left-padded prompts through ``decode_fn`` (a generator that
+yields next-token logits and is sent the chosen ids; ``models.transformer_decode_fn`` uses the KV cache),
+or, without one, re-reads the whole sequence with ``logits_fn`` at every step. It stops at EOS, at a stop
+sequence (the text is cut before it, as lm-eval does) or after ``max_new_tokens``.
 """
 
 from __future__ import annotations
