@@ -132,7 +132,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
     trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=parts["ckpt"], weights_only=True)
     last = run.checkpoint_dir / "last.ckpt"
-    trainer.save_checkpoint(last)  # the final state, whatever the checkpoint interval
+    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever the checkpoint interval
     if trainer.is_global_zero:
         _summary(trainer, run, module, last)
     return 0

@@ -184,7 +184,7 @@ class PretrainModule(L.LightningModule):
         keys = sorted(self._val_sums)
         totals = dict(zip(keys, self._reduce(torch.stack([self._val_sums[k] for k in keys]))))
         metrics = {f"val/{k}": v for k, v in self.objective.summarize(totals).items()}
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True, sync_dist=False)
+        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)  # equal on all ranks
 
     # ------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> dict[str, Any]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,67 @@ def read_metrics(run_dir: Path) -> list[dict[str, str]]:
 
 def metric_by_step(rows: list[dict[str, str]], name: str) -> dict[int, float]:
     return {int(r["step"]): float(r[name]) for r in rows if r.get(name) not in (None, "")}
+
+
+def checkpoint_step(path: Path) -> int:
+    """``global_step`` stored in a checkpoint file, or -1 while there is none."""
+    from pretrain.checkpoint import read
+
+    try:
+        return int(read(path, mmap=True)["global_step"])
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float = 600) -> int:
+    """Start ``pretrain fit recipe`` and SIGKILL its whole process group (all DDP ranks) as soon as
+    ``last.ckpt`` holds step >= ``kill_at_step``; the kill lands wherever training then is. Returns that step."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    with open(run_dir.parent / "killed.log", "w") as log:
+        proc = subprocess.Popen(cli_command("fit", str(recipe)), cwd=REPO_ROOT, env=cli_env(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                step = checkpoint_step(last)
+                if step >= kill_at_step:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    return step
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    raise AssertionError(f"the run ended (status {proc.returncode}) before step {kill_at_step} could be killed; "
+                         f"see {run_dir.parent / 'killed.log'}")
+
+
+def model_weights(checkpoint: Path) -> dict:
+    from pretrain.checkpoint import read
+
+    return read(checkpoint)["state_dict"]
+
+
+def wandb_records(run_file: Path) -> list:
+    """Records of an offline W&B run file (``run-<id>.wandb``: a header, then LevelDB-log framed protobufs
+    in 32 KiB blocks; record types FULL=1, FIRST=2, MIDDLE=3, LAST=4)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block = run_file.read_bytes(), 32768
+    assert data[:4] == b":W&B", f"{run_file} is not a W&B run file"
+    pos, chunks, records = 7, [], []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (length == 0 and kind == 0):  # block trailer / zero padding
+            pos += left
+            continue
+        chunks.append(data[pos + 7 : pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(b"".join(chunks))
+            records.append(record)
+            chunks = []
+    return records

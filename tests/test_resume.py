@@ -1,0 +1,96 @@
+"""Exact resume: SIGKILL at a random step + `resume=auto` ends bitwise equal to an uninterrupted run (dropout on);
+a truncated newest checkpoint falls back to the previous one; the W&B run keeps its id across the restart."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from training_utils import (  # noqa: F401
+    fit_and_kill,
+    metric_by_step,
+    model_weights,
+    read_metrics,
+    run_cli,
+    tiny_recipe,
+    tiny_world,
+    wandb_records,
+)
+
+MAX_STEPS = 8
+
+
+def resume_recipe(directory, world, kind: str, **sections):
+    directory.mkdir()
+    return tiny_recipe(
+        directory, world, kind,
+        model={"dropout": 0.1, **({"attn_dropout": 0.1} if kind == "bert" else {})},
+        trainer={"max_steps": MAX_STEPS, "val_check_interval": 3, "log_every_n_steps": 1,
+                 **sections.pop("trainer", {})},
+        checkpoint={"every_n_steps": 1, "save_top_k": 1, **sections.pop("checkpoint", {})},
+        **sections,
+    )
+
+
+def assert_same_weights(a, b) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "accumulate"), [("gpt", 1), ("bert", 2), ("t5", 1)])
+def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, accumulate):  # noqa: F811
+    full = resume_recipe(tmp_path / "full", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate})
+    run_cli("fit", str(full))
+    killed = resume_recipe(tmp_path / "killed", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate})
+    step = fit_and_kill(killed, tmp_path / "killed" / "run", kill_at_step=random.randint(2, MAX_STEPS - 3))
+    assert step < MAX_STEPS
+    out = run_cli("fit", str(killed))  # resume=auto is the default
+    assert f"steps: {MAX_STEPS}" in out.stdout
+    assert_same_weights(model_weights(tmp_path / "full/run/checkpoints/last.ckpt"),
+                        model_weights(tmp_path / "killed/run/checkpoints/last.ckpt"))
+    # the resumed launch logged only the steps it ran, with the same losses as the uninterrupted run
+    full_loss = metric_by_step(read_metrics(tmp_path / "full/run"), "train/loss")
+    resumed = read_metrics(tmp_path / "killed/run")
+    assert metric_by_step(resumed, "train/loss") == full_loss
+
+
+def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_path, tiny_world):  # noqa: F811
+    recipe = resume_recipe(tmp_path / "run", tiny_world, "gpt", trainer={"max_steps": 4, "val_check_interval": 2},
+                           checkpoint={"every_n_steps": 100, "save_top_k": 2})
+    run_cli("fit", str(recipe))
+    checkpoints = tmp_path / "run/run/checkpoints"
+    reference = model_weights(checkpoints / "last.ckpt")
+    newest = [checkpoints / "last.ckpt", *checkpoints.glob("best-step4-*.ckpt")]
+    assert len(newest) == 2 and len(list(checkpoints.glob("best-step2-*.ckpt"))) == 1
+    for path in newest:  # a disk crash cut both checkpoints of step 4
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    out = run_cli("fit", str(recipe))
+    assert "last.ckpt, which is truncated or corrupt" in out.stderr
+    assert "steps: 4" in out.stdout
+    assert_same_weights(reference, model_weights(checkpoints / "last.ckpt"))  # steps 3-4 redone identically
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_config_and_metrics_and_keeps_its_id(tmp_path, tiny_world):  # noqa: F811
+    recipe = resume_recipe(tmp_path / "run", tiny_world, "gpt", logger={"wandb": {"enabled": True, "group": "g"}})
+    run_dir = tmp_path / "run" / "run"
+    step = fit_and_kill(recipe, run_dir, kill_at_step=3)
+    run_cli("fit", str(recipe))
+    files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2  # one offline run directory per launch ...
+    ids = {f.stem.removeprefix("run-") for f in files}
+    assert len(ids) == 1  # ... with the same run id
+    records = [wandb_records(f) for f in files]
+    runs = [r.run for rs in records for r in rs if r.WhichOneof("record_type") == "run"]
+    assert {r.run_id for r in runs} == ids and {r.run_group for r in runs} == {"g"}
+    config = {item.key: item.value_json for item in runs[-1].config.update}
+    assert '"decoder"' in config["model"] and config["name"] == '"tiny-gpt"'  # the resolved config
+    logged = [{(i.key or "/".join(i.nested_key)): i.value_json for i in r.history.item}
+              for r in records[1] if r.WhichOneof("record_type") == "history"]
+    steps = sorted(int(h["trainer/global_step"]) for h in logged if "train/loss" in h)
+    assert steps and steps[0] >= step and steps[-1] == MAX_STEPS - 1  # the second launch continues
+    assert any("val/loss" in h for h in logged)
