@@ -265,9 +265,9 @@ def test_rolling_windows_equal_lm_eval_utils():
 
 def test_shipped_tasks_match_lm_eval_on_the_real_data(shared_data, tokenizers, workdir):
     directory = export("gpt", tokenizers["gpt"], workdir / "gpt-real", max_seq_len=256)
-    shots = {"copa": 3, "winogrande": 2, "piqa": 1, "arc_easy": 2, "lambada_openai": 0}
+    shots = {"copa": 3, "winogrande": 2, "piqa": 1, "lambada_openai": 0}
     tasks = [load_task(resolve_task_file(name), shared_data, {"num_fewshot": k}) for name, k in shots.items()]
-    theirs = run_lm_eval("hf", f"pretrained={directory},dtype=float32", tasks, workdir, limit=15)
-    ours = evaluate(load_scorer(directory, batch_size=8), tasks, seed=1234, limit=15, log_samples=True)
+    theirs = run_lm_eval("hf", f"pretrained={directory},dtype=float32", tasks, workdir, limit=12)
+    ours = evaluate(load_scorer(directory, batch_size=8), tasks, seed=1234, limit=12, log_samples=True)
     assert_same(ours, theirs, tasks)
-    assert {r["num_examples"] for r in ours["results"].values()} == {15}
+    assert {r["num_examples"] for r in ours["results"].values()} == {12}
