@@ -237,7 +237,12 @@ def test_prepare_bad_input(tmp_path, tokenizer):
     (tmp_path / "bad.txt").write_bytes(b"ok\n\n\xff\n")
     with pytest.warns(UserWarning, match="1 line.* invalid UTF-8 skipped"):
         meta = prepare(
-            tmp_path / "bad.txt", tokenizer, tmp_path / "o", on_invalid_utf8="skip", progress=False
+            tmp_path / "bad.txt",
+            tokenizer,
+            tmp_path / "o",
+            on_invalid_utf8="skip",
+            val_fraction=0,
+            progress=False,
         )
     assert meta["invalid_utf8_lines"] == 1 and meta["documents"] == 1
 
@@ -268,7 +273,8 @@ _MEMORY_SCRIPT = textwrap.dedent(
 )
 def test_peak_memory_independent_of_corpus_size(tmp_path, tokenizer_path, shipped_corpus):
     """Peak RSS (VmHWM, in a fresh process, caches warm) while preparing a 4x larger corpus stays within
-    1.5 MiB of the peak for the small one; keeping the extra 3.3 MB of text, or its tokens, would exceed it."""
+    3 MiB of the peak for the small one (run-to-run noise is up to ~1.5 MiB, independent of size); keeping
+    the extra 3.3 MB of documents (~4.7 MB as Python strings) or their token lists would exceed it."""
     text = shipped_corpus.read_text()
     small, large = tmp_path / "small.txt", tmp_path / "large.txt"
     small.write_text(text)
@@ -282,7 +288,7 @@ def test_peak_memory_independent_of_corpus_size(tmp_path, tokenizer_path, shippe
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     peak_small, peak_large = map(int, result.stdout.split())
-    assert peak_large - peak_small < 1536, (peak_small, peak_large)
+    assert peak_large - peak_small < 3072, (peak_small, peak_large)
     tokens = [IndexedDataset(tmp_path / d / "train").num_tokens for d in "ab"]
     assert tokens[1] > 3.5 * tokens[0]
 
