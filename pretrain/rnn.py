@@ -1,0 +1,412 @@
+"""Recurrent baselines: a stacked LSTM/GRU language model and an RNN encoder-decoder with attention.
+
+Axes: B batch, T target (decoder) length, S source length, V vocabulary, E embedding width, H hidden width,
+M memory width (encoder outputs: 2H bidirectional, else H), L layers.
+
+Both models follow the backbone's calling convention (``pretrain.model.Transformer``): keyword inputs named as
+the objectives' batches, an output with ``.logits``, and a ``cache`` that carries the past -- for an RNN the
+hidden state -- held in a :class:`pretrain.model.KVCache` (``self_kv[l] = (h_l, c_l)``, each (B, H), GRU:
+``c_l`` empty; ``cross_kv[0] = (memory, key projection)`` and ``encoder_mask`` for the encoder-decoder). So
+``pretrain.generation.generate`` and ``pretrain.beam_search.beam_search`` decode them unchanged, and
+truncated BPTT is ``cache=detach_cache(out.cache)`` between batches.
+
+Language model (Zaremba et al. 2014; Merity et al. 2018): embedding -> dropout -> L-layer LSTM/GRU (dropout
+between layers) -> [projection H -> E when tied and H != E] -> dropout -> linear to V, whose weight is the
+input embedding when ``tie_embeddings`` (Press & Wolf 2017; Inan et al. 2017). The LSTM forget-gate bias
+starts at ``forget_bias`` > 0 (Gers et al. 2000; Jozefowicz et al. 2015); for the GRU the same bias goes to
+the update gate z (h' = (1 - z) n + z h), its "keep the past" gate.
+
+Encoder-decoder (Luong et al. 2015 global attention; Bahdanau et al. 2015 additive score): a bidirectional
+encoder gives memory s_1..s_S; its final states, through a tanh bridge, start the decoder. Each decoder output
+h_t scores every s_j, ``a_t = softmax_j score(h_t, s_j)`` over real source tokens, ``c_t = sum_j a_tj s_j``,
+``h~_t = tanh(W_c [c_t; h_t])``, logits = ``W_o h~_t``. Scores:
+
+    dot             h_t . s_j                          (needs M = H)
+    multiplicative  h_t^T W s_j                        W (H, M)
+    low_rank        (U h_t) . (V s_j)                  U (r, H), V (r, M): W = U^T V of rank r
+    additive        v^T tanh(W_1 h_t + W_2 s_j)        W_1 (A, H), W_2 (A, M), v (A,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from pretrain.model import KVCache
+
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
+SCORES = ("dot", "multiplicative", "low_rank", "additive")
+
+
+def _choice(owner: str, name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name} must be one of {list(allowed)}, got {value!r}")
+
+
+def _positive(owner: str, **values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+def _dropout(owner: str, value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{owner}.dropout must be in [0, 1), got {value!r}")
+
+
+@dataclass
+class RNNConfig:
+    """Hyper-parameters of :class:`RNNLanguageModel`."""
+
+    cell: str = "lstm"  # lstm | gru
+    vocab_size: int = 1024
+    d_embed: int = 256
+    d_hidden: int = 256
+    n_layer: int = 2
+    dropout: float = 0.2  # embedding output, between layers, before the output layer
+    tie_embeddings: bool = True
+    forget_bias: float = 1.0  # LSTM forget gate (GRU: update gate) bias at initialisation
+    init_range: float = 0.1  # embeddings (and an untied output layer) ~ U(-init_range, init_range)
+    pad_token_id: int | None = None  # for decoding (pretrain.generation)
+    eos_token_id: int | None = None
+
+    @property
+    def arch(self) -> str:
+        return "decoder"
+
+    @property
+    def lm_head(self) -> bool:
+        return True
+
+    def __post_init__(self) -> None:
+        _choice("RNNConfig", "cell", self.cell, tuple(CELLS))
+        _positive(
+            "RNNConfig",
+            vocab_size=self.vocab_size,
+            d_embed=self.d_embed,
+            d_hidden=self.d_hidden,
+            n_layer=self.n_layer,
+        )
+        _dropout("RNNConfig", self.dropout)
+        if self.forget_bias < 0:
+            raise ValueError(f"RNNConfig.forget_bias should be >= 0 (1.0 is usual), got {self.forget_bias}")
+
+
+def init_recurrent(rnn: nn.LSTM | nn.GRU, forget_bias: float) -> None:
+    """PyTorch's U(-1/sqrt(H), 1/sqrt(H)) weights; the forget (LSTM, gate order i f g o) or update (GRU, r z n)
+    gate bias set to ``forget_bias`` (input-side bias; the hidden-side one zeroed so the sum is exact)."""
+    H = rnn.hidden_size
+    for name, p in rnn.named_parameters():
+        if name.startswith("bias_"):
+            with torch.no_grad():
+                p[H : 2 * H] = forget_bias if name.startswith("bias_ih") else 0.0
+
+
+def new_cache(h: Tensor, c: Tensor | None) -> KVCache:
+    """A cache holding states ``h, c`` (L, B, H) batch-first per layer (see module doc)."""
+    cache = KVCache(h.shape[0])
+    store_state(cache, h, c)
+    return cache
+
+
+def store_state(cache: KVCache, h: Tensor, c: Tensor | None) -> None:
+    empty = h.new_empty(h.shape[1], 0)
+    cache.self_kv = [(h[l], empty if c is None else c[l]) for l in range(h.shape[0])]
+
+
+def read_state(cache: KVCache, cell: str) -> Tensor | tuple[Tensor, Tensor]:
+    """The cached state in ``nn.LSTM``/``nn.GRU`` layout: h (L, B, H), or (h, c) for the LSTM."""
+    h = torch.stack([kv[0] for kv in cache.self_kv])
+    return (h, torch.stack([kv[1] for kv in cache.self_kv])) if cell == "lstm" else h
+
+
+def detach_cache(cache: KVCache | None) -> KVCache | None:
+    """The same state cut from the graph (truncated backpropagation through time)."""
+    if cache is None:
+        return None
+    out = KVCache(len(cache.self_kv))
+    out.self_kv = [(h.detach(), c.detach()) for h, c in cache.self_kv]
+    out.cross_kv = [None if kv is None else (kv[0].detach(), kv[1].detach()) for kv in cache.cross_kv]
+    out.encoder_mask = cache.encoder_mask
+    return out
+
+
+def _split_state(state: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    return state if isinstance(state, tuple) else (state, None)
+
+
+def _updated(cache: KVCache | None, n_layer: int, state: Tensor | tuple[Tensor, Tensor]) -> KVCache:
+    """``cache`` (a new one if None) holding ``state``, updated in place as the KV cache is (beam search
+    reorders and reuses the object it passed)."""
+    cache = KVCache(n_layer) if cache is None else cache
+    store_state(cache, *_split_state(state))
+    return cache
+
+
+@dataclass
+class RNNOutput:
+    logits: Tensor  # (B, T, V)
+    hidden_states: Tensor  # (B, T, H or E) the input of the output layer
+    cache: KVCache | None = None
+    attention: Tensor | None = None  # (B, T, S) encoder-decoder attention weights
+
+
+class RNNLanguageModel(nn.Module):
+    """Stacked LSTM/GRU language model (see module doc)."""
+
+    def __init__(self, config: RNNConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_embed)
+        self.rnn = CELLS[c.cell](
+            c.d_embed,
+            c.d_hidden,
+            num_layers=c.n_layer,
+            dropout=c.dropout if c.n_layer > 1 else 0.0,
+            batch_first=True,
+        )
+        tied_projection = c.tie_embeddings and c.d_hidden != c.d_embed
+        self.proj = nn.Linear(c.d_hidden, c.d_embed, bias=False) if tied_projection else None
+        self.head = nn.Linear(c.d_embed if c.tie_embeddings else c.d_hidden, c.vocab_size)
+        self.drop = nn.Dropout(c.dropout)
+        nn.init.uniform_(self.embed.weight, -c.init_range, c.init_range)
+        nn.init.zeros_(self.head.bias)
+        if c.tie_embeddings:
+            self.head.weight = self.embed.weight
+        else:
+            nn.init.uniform_(self.head.weight, -c.init_range, c.init_range)
+        init_recurrent(self.rnn, c.forget_bias)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = True,
+    ) -> RNNOutput:
+        """``input_ids (B, T)`` continuing the state in ``cache`` (None: zeros) -> logits (B, T, V) and the state
+        after the last token. ``attention_mask`` must be all ones (packed streams); positions are implicit."""
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError(
+                "RNNLanguageModel reads packed streams without padding; attention_mask must be all 1"
+            )
+        state = None if cache is None else read_state(cache, self.config.cell)
+        out, state = self.rnn(self.drop(self.embed(input_ids)), state)  # (B, T, H)
+        if self.proj is not None:
+            out = self.proj(out)
+        out = self.drop(out)
+        if use_cache:
+            cache = _updated(cache, self.config.n_layer, state)
+        return RNNOutput(self.head(out), out, cache if use_cache else None)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # a tied head is counted once
+        return n - self.embed.weight.numel() if exclude_embeddings else n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward): 6 x the multiply-accumulate weights (recurrent matrices,
+        projection, output layer); the embedding lookup is free. ``seq_len`` does not matter for an RNN."""
+        matrices = [p for n, p in self.rnn.named_parameters() if n.startswith("weight_")]
+        matrices += [self.head.weight] + ([self.proj.weight] if self.proj is not None else [])
+        return 6.0 * sum(p.numel() for p in matrices)
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Hyper-parameters of :class:`Seq2SeqRNN` (one vocabulary shared by source and target)."""
+
+    cell: str = "lstm"
+    vocab_size: int = 1024
+    d_embed: int = 256
+    d_hidden: int = 256
+    n_layer: int = 1
+    bidirectional: bool = True  # encoder
+    attention: str = "multiplicative"  # dot | multiplicative | low_rank | additive
+    attention_rank: int = 32  # r of low_rank
+    d_attention: int | None = None  # A of additive (default d_hidden)
+    dropout: float = 0.2
+    tie_embeddings: bool = True  # output layer weight = target embedding (needs d_embed == d_hidden)
+    forget_bias: float = 1.0
+    pad_token_id: int = 0
+    eos_token_id: int | None = None
+    decoder_start_token_id: int | None = None  # first decoder input (BOS)
+
+    @property
+    def arch(self) -> str:
+        return "encoder-decoder"
+
+    @property
+    def lm_head(self) -> bool:
+        return True
+
+    @property
+    def d_memory(self) -> int:
+        return self.d_hidden * (2 if self.bidirectional else 1)
+
+    def __post_init__(self) -> None:
+        _choice("Seq2SeqConfig", "cell", self.cell, tuple(CELLS))
+        _choice("Seq2SeqConfig", "attention", self.attention, SCORES)
+        if self.d_attention is None:
+            self.d_attention = self.d_hidden
+        _positive(
+            "Seq2SeqConfig",
+            vocab_size=self.vocab_size,
+            d_embed=self.d_embed,
+            d_hidden=self.d_hidden,
+            n_layer=self.n_layer,
+            attention_rank=self.attention_rank,
+            d_attention=self.d_attention,
+        )
+        _dropout("Seq2SeqConfig", self.dropout)
+        if self.attention == "dot" and self.d_memory != self.d_hidden:
+            raise ValueError(
+                f"Seq2SeqConfig.attention='dot' needs encoder outputs of the decoder's width ({self.d_hidden}), got "
+                f"{self.d_memory} (bidirectional); set bidirectional=false or use attention='multiplicative'"
+            )
+        if self.tie_embeddings and self.d_embed != self.d_hidden:
+            raise ValueError(
+                f"Seq2SeqConfig.tie_embeddings needs d_embed == d_hidden, got {self.d_embed} != {self.d_hidden}"
+            )
+
+
+class AttentionScore(nn.Module):
+    """score(h_t, s_j) for every decoder output and source position (see module doc)."""
+
+    def __init__(self, kind: str, d_query: int, d_key: int, rank: int, d_attention: int):
+        super().__init__()
+        self.kind = kind
+        self.query = self.key = self.v = None
+        if kind == "multiplicative":
+            self.query = nn.Linear(d_query, d_key, bias=False)  # q = W^T h: q . s = h^T W s
+        elif kind == "low_rank":
+            self.query, self.key = nn.Linear(d_query, rank, bias=False), nn.Linear(d_key, rank, bias=False)
+        elif kind == "additive":
+            self.query = nn.Linear(d_query, d_attention, bias=False)
+            self.key = nn.Linear(d_key, d_attention, bias=True)
+            self.v = nn.Linear(d_attention, 1, bias=False)
+
+    def project_keys(self, memory: Tensor) -> Tensor:
+        """Per-source work done once per sequence: (B, S, M) -> (B, S, r | A | M)."""
+        return memory if self.key is None else self.key(memory)
+
+    def forward(self, h: Tensor, keys: Tensor) -> Tensor:
+        """h (B, T, H), projected keys (B, S, *) -> scores (B, T, S)."""
+        q = h if self.query is None else self.query(h)
+        if self.kind == "additive":
+            return self.v(torch.tanh(q[:, :, None] + keys[:, None])).squeeze(-1)
+        return q @ keys.transpose(1, 2)
+
+
+class Seq2SeqRNN(nn.Module):
+    """RNN encoder-decoder with attention (see module doc)."""
+
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_embed, padding_idx=c.pad_token_id)  # source and target
+        rnn = CELLS[c.cell]
+        between = c.dropout if c.n_layer > 1 else 0.0
+        self.encoder = rnn(
+            c.d_embed, c.d_hidden, c.n_layer, batch_first=True, dropout=between, bidirectional=c.bidirectional
+        )
+        self.decoder = rnn(c.d_embed, c.d_hidden, c.n_layer, batch_first=True, dropout=between)
+        directions = 2 if c.bidirectional else 1
+        self.bridge_h = nn.Linear(directions * c.d_hidden, c.d_hidden)
+        self.bridge_c = nn.Linear(directions * c.d_hidden, c.d_hidden) if c.cell == "lstm" else None
+        self.score = AttentionScore(c.attention, c.d_hidden, c.d_memory, c.attention_rank, c.d_attention)
+        self.combine = nn.Linear(c.d_memory + c.d_hidden, c.d_hidden, bias=False)  # W_c
+        self.head = nn.Linear(c.d_hidden, c.vocab_size)
+        if c.tie_embeddings:
+            self.head.weight = self.embed.weight
+        self.drop = nn.Dropout(c.dropout)
+        for module in (self.encoder, self.decoder):
+            init_recurrent(module, c.forget_bias)
+
+    def _bridge(self, final: Tensor, layer: nn.Linear) -> Tensor:
+        """Encoder final states (L * dirs, B, H) -> decoder initial states (L, B, H)."""
+        L, dirs = self.config.n_layer, 2 if self.config.bidirectional else 1
+        final = final.view(L, dirs, *final.shape[1:]).permute(0, 2, 1, 3).flatten(2)  # (L, B, dirs * H)
+        return torch.tanh(layer(final))
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> KVCache:
+        """Source (B, S) -> a cache with the memory, its key projection, the mask and the decoder's first state."""
+        if attention_mask is None:
+            attention_mask = input_ids != self.config.pad_token_id
+        lengths = attention_mask.sum(1)
+        if bool((lengths == 0).any()):
+            raise ValueError(
+                "every source sequence needs at least one token (attention_mask has an empty row)"
+            )
+        packed = pack_padded_sequence(
+            self.drop(self.embed(input_ids)), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        memory, final = self.encoder(packed)
+        memory, _ = pad_packed_sequence(
+            memory, batch_first=True, total_length=input_ids.shape[1]
+        )  # (B, S, M)
+        h, c = _split_state(final)
+        cache = new_cache(
+            self._bridge(h, self.bridge_h), None if c is None else self._bridge(c, self.bridge_c)
+        )
+        cache.cross_kv[0] = (memory, self.score.project_keys(memory))
+        cache.encoder_mask = attention_mask.bool()
+        return cache
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> RNNOutput:
+        """Source ``input_ids (B, S)`` (or a ``cache`` from an earlier call) and decoder inputs (B, T) -> logits
+        (B, T, V), attention weights (B, T, S) and, with ``use_cache``, the cache after the last target token.
+        Padded target positions (``decoder_attention_mask`` 0) yield logits that the loss ignores."""
+        if decoder_input_ids is None:
+            raise ValueError("decoder_input_ids (B, T) are required (teacher forcing or the decoding prefix)")
+        if cache is None:
+            if input_ids is None:
+                raise ValueError("pass the source input_ids (B, S) or a cache from encode()")
+            cache = self.encode(input_ids, attention_mask)
+        memory, keys = cache.cross_kv[0]
+        state = read_state(cache, self.config.cell)
+        out, state = self.decoder(self.drop(self.embed(decoder_input_ids)), state)  # (B, T, H)
+        scores = self.score(out, keys).masked_fill(
+            ~cache.encoder_mask[:, None, :], float("-inf")
+        )  # (B, T, S)
+        weights = scores.softmax(-1)
+        context = weights @ memory  # (B, T, M)
+        attentional = self.drop(torch.tanh(self.combine(torch.cat([context, out], -1))))  # (B, T, H)
+        if use_cache:
+            cache = _updated(cache, self.config.n_layer, state)
+        return RNNOutput(self.head(attentional), attentional, cache if use_cache else None, weights)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if exclude_embeddings else n
+
+
+def matched_width(target_params: int, config: RNNConfig) -> int:
+    """The width w (d_embed = d_hidden = w) whose language model's parameter count is closest to
+    ``target_params`` (other fields from ``config``): for comparisons at equal size."""
+
+    def count(width: int) -> int:
+        with torch.device("meta"):
+            return RNNLanguageModel(
+                RNNConfig(**{**config.__dict__, "d_embed": width, "d_hidden": width})
+            ).num_params()
+
+    lo, hi = 1, 1
+    while count(hi) < target_params:
+        hi *= 2
+    while lo < hi:  # smallest width reaching the target (the count grows with the width)
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(mid) < target_params else (lo, mid)
+    return min((max(lo - 1, 1), lo), key=lambda w: abs(count(w) - target_params))
