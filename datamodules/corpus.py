@@ -161,36 +161,40 @@ def resolve_sources(
     return sources
 
 
-def _decode_lines(
-    data: bytes, where: str, first_line: int, policy: str, stats: CorpusStats
-) -> list[str | None]:
-    """Lines of ``data`` (ending at a newline or EOF); invalid UTF-8 handled line by line per ``policy``
-    (a skipped line is ``None``, so line numbers stay exact)."""
+def _decode_block(
+    data: bytes, where: str, first_line: int, policy: str, stats: CorpusStats, keep_line_numbers: bool
+) -> str:
+    """``data`` (whole lines) as text; invalid UTF-8 handled line by line per ``policy``. A skipped line
+    is removed, or left empty when ``keep_line_numbers`` (so later lines keep their numbers)."""
     try:
-        lines = data.decode("utf-8").split("\n")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        lines = []
-        for i, raw in enumerate(data.split(b"\n")):
-            try:
-                lines.append(raw.decode("utf-8"))
-            except UnicodeDecodeError as err:
-                location = f"{where}:{first_line + i}"
-                if policy == "error":
-                    raise ValueError(
-                        f"{location}: invalid UTF-8 ({err.reason} at byte {err.start} of the line); "
-                        f"fix the file or set on_invalid_utf8='replace' or 'skip'"
-                    ) from None
-                stats.invalid_utf8_lines += 1
-                stats.first_invalid_utf8 = stats.first_invalid_utf8 or location
-                lines.append(raw.decode("utf-8", errors="replace") if policy == "replace" else None)
-    if data.endswith(b"\n"):
-        lines.pop()  # the empty string after the final newline is not a line
-    return lines
+        pass
+    lines = []
+    for i, raw in enumerate(data.split(b"\n")):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            location = f"{where}:{first_line + i}"
+            if policy == "error":
+                raise ValueError(
+                    f"{location}: invalid UTF-8 ({err.reason} at byte {err.start} of the line); "
+                    f"fix the file or set on_invalid_utf8='replace' or 'skip'"
+                ) from None
+            stats.invalid_utf8_lines += 1
+            stats.first_invalid_utf8 = stats.first_invalid_utf8 or location
+            if policy == "replace":
+                lines.append(raw.decode("utf-8", errors="replace"))
+            elif keep_line_numbers:
+                lines.append("")
+    return "\n".join(lines)
 
 
-def _iter_line_blocks(path: str, policy: str, stats: CorpusStats) -> Iterator[list[str | None]]:
-    """Decoded lines of a (possibly gzipped) file, a block at a time; ``stats.bytes_read`` advances
-    by the bytes consumed on disk."""
+def _iter_text_blocks(
+    path: str, policy: str, stats: CorpusStats, keep_line_numbers: bool = False
+) -> Iterator[tuple[str, int]]:
+    """A (possibly gzipped) file as decoded blocks of whole lines (each but the last ends with a newline),
+    with the number of each block's first line; ``stats.bytes_read`` advances by bytes consumed on disk."""
     with open(path, "rb") as raw:
         f = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
         line_no, rest, consumed = 1, b"", 0
@@ -205,35 +209,36 @@ def _iter_line_blocks(path: str, policy: str, stats: CorpusStats) -> Iterator[li
                 continue
             data, rest = data[:cut], data[cut:]
             if data:
-                yield _decode_lines(data, path, line_no, policy, stats)
+                yield _decode_block(data, path, line_no, policy, stats, keep_line_numbers), line_no
                 line_no += data.count(b"\n")
-            elif not block and line_no > 1:
-                yield [""]  # the file ends with a newline: an empty last line, so "\n".join restores it
             if not block:
                 return
 
 
+# A paragraph ends at a newline followed by whitespace-only lines; leading/trailing blank lines are trimmed.
+_PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")
+_LEADING_BLANK = re.compile(r"\A(?:[^\S\n]*\n)+")
+_TRAILING_BLANK = re.compile(r"(?:\n[^\S\n]*)+\Z")
+
+
 def _text_documents(path: str, mode: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+    blocks = (text for text, _ in _iter_text_blocks(path, policy, stats))
     if mode == "file":
-        blocks = _iter_line_blocks(path, policy, stats)
-        yield "\n".join(line for block in blocks for line in block if line is not None)
+        yield "".join(blocks)
         return
     if mode == "line":
-        for block in _iter_line_blocks(path, policy, stats):
-            yield from (line for line in block if line is not None)
+        for text in blocks:
+            lines = text.split("\n")
+            yield from lines[:-1] if text.endswith("\n") else lines
         return
-    paragraph: list[str] = []
-    for block in _iter_line_blocks(path, policy, stats):
-        for line in block:
-            if line is None:
-                continue
-            if line.strip():
-                paragraph.append(line)
-            elif paragraph:
-                yield "\n".join(paragraph)
-                paragraph = []
-    if paragraph:
-        yield "\n".join(paragraph)
+    carry = ""
+    for text in blocks:
+        *paragraphs, carry = _PARAGRAPH_BREAK.split(carry + text)  # the last one may continue
+        for paragraph in paragraphs:
+            if paragraph := _LEADING_BLANK.sub("", paragraph, count=1):
+                yield paragraph
+    if carry := _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", carry, count=1), count=1):
+        yield carry
 
 
 def _record_text(record: object, text_field: str, where: str) -> str:
@@ -249,11 +254,9 @@ def _record_text(record: object, text_field: str, where: str) -> str:
 
 
 def _jsonl_documents(path: str, text_field: str, policy: str, stats: CorpusStats) -> Iterator[str]:
-    line_no = 0
-    for block in _iter_line_blocks(path, policy, stats):
-        for line in block:
-            line_no += 1
-            if line is None or not line.strip():
+    for text, first_line in _iter_text_blocks(path, policy, stats, keep_line_numbers=True):
+        for line_no, line in enumerate(text.split("\n"), first_line):
+            if not line or line.isspace():
                 continue
             try:
                 record = json.loads(line)
@@ -328,7 +331,7 @@ def iter_documents(
         else:
             docs = _dataset_documents(source, text_field, stats)
         for doc in docs:
-            if doc.strip():
+            if doc and not doc.isspace():
                 stats.documents += 1
                 yield doc
             else:

@@ -125,7 +125,12 @@ def _swap_in(tmp: Path, out_dir: Path) -> None:
     old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
     if out_dir.exists():
         out_dir.rename(old)
-    tmp.rename(out_dir)
+    try:
+        tmp.rename(out_dir)
+    except BaseException:
+        if old.exists():
+            old.rename(out_dir)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -149,11 +154,9 @@ def _build(
     docs = iter_documents(
         sources, document=document, text_field=text_field, on_invalid_utf8=on_invalid_utf8, stats=stats
     )
-    encode = getattr(
-        tokenizer, "encode_batch_fast", tokenizer.encode_batch
-    )  # no offsets: faster (tokenizers>=0.20)
+    # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which we do not need
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     total = sum(s.size for s in sources) or None
-    counts = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
     with (
         IndexedWriter(tmp / "train", dtype) as train,
         IndexedWriter(tmp / "val", dtype) as val,
@@ -169,8 +172,10 @@ def _build(
             val.add_documents(tokens[token_is_val], lengths[is_val])
             first += len(batch)
             bar.update(stats.bytes_read - bar.n)
-        for name, writer in (("train", train), ("val", val)):
-            counts[name] = {"documents": writer.num_documents, "tokens": writer.num_tokens}
+        counts = {
+            name: {"documents": w.num_documents, "tokens": w.num_tokens}
+            for name, w in zip(SPLITS, (train, val))
+        }
     if stats.documents == 0:
         raise ValueError(
             f"the corpus is empty: no non-blank documents in {[s.location for s in sources]} "
@@ -202,6 +207,7 @@ def prepare(
     every document; default ``</s>``, else ``<|endoftext|>``. ``document``/``text_field``/``split``/
     ``on_invalid_utf8``: how documents are read (``datamodules.corpus``). ``batch_docs``/``batch_chars``
     bound one tokenization batch, hence peak memory. ``force`` rebuilds even when the cache is valid.
+    The returned dict also says ``cache_hit`` (True when the existing directory was reused as is).
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
@@ -252,7 +258,7 @@ def prepare(
         else:
             old = read_meta(out_dir)
             if old.get("cache_key") == cache_key and _complete(out_dir) and not force:
-                return old
+                return {**old, "cache_hit": True}
             if old.get("cache_key") != cache_key:
                 reason = _stale_reason(old, input_info, tokenizer_hash, settings)
                 warnings.warn(f"prepared corpus {out_dir} is stale: {reason}; rebuilding it", stacklevel=2)
@@ -305,4 +311,4 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return meta
+    return {**meta, "cache_hit": False}

@@ -70,6 +70,42 @@ def test_blocks_do_not_split_documents(tmp_path, monkeypatch):
     ]
 
 
+def _reference_documents(text: str, mode: str) -> list[str]:
+    """Per-line definition: lines split at "\\n"; a blank line is empty or whitespace-only."""
+    lines = text.split("\n")
+    if mode == "file":
+        return [text] if text.strip() else []
+    if mode == "line":
+        return [line for line in lines if line.strip()]
+    paragraphs, current = [], []
+    for line in lines:
+        if line.strip():
+            current.append(line)
+        elif current:
+            paragraphs.append("\n".join(current))
+            current = []
+    return paragraphs + (["\n".join(current)] if current else [])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text=st.text(alphabet="ab \t\r\n\x0b\u2028é", max_size=60),
+    block=st.integers(1, 12),
+    mode=st.sampled_from(["line", "blank_line", "file"]),
+)
+def test_documents_match_line_definition(tmp_path_factory, text, block, mode):
+    """Block-wise splitting equals the per-line definition for any text and block size."""
+    from datamodules import corpus
+
+    path = tmp_path_factory.mktemp("h") / "t.txt"
+    path.write_bytes(text.encode())
+    stats = CorpusStats()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(corpus, "_BLOCK", block)
+        assert docs_of(path, document=mode, stats=stats) == _reference_documents(text, mode)
+    assert stats.bytes_read == len(text.encode())
+
+
 def test_formats_and_inputs(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
@@ -163,7 +199,7 @@ def test_prepare_contents(tmp_path, tokenizer, tokenizer_path, shipped_corpus):
     got = _all_docs(out)
     assert got["train"] == [d for d, v in zip(expected, is_val) if not v]
     assert got["val"] == [d for d, v in zip(expected, is_val) if v]
-    assert meta == read_meta(out)
+    assert meta == {**read_meta(out), "cache_hit": False}
     assert meta["dtype"] == "uint16" and meta["eos_id"] == eos and meta["documents"] == len(docs)
     assert meta["splits"]["val"] == {"documents": int(is_val.sum()), "tokens": sum(map(len, got["val"]))}
     ds = IndexedDataset(out / "train")
@@ -195,7 +231,7 @@ def test_cache_hit_change_and_atomic_rebuild(tmp_path, tokenizer):
     first = prepare(src, tokenizer, out, val_fraction=0.0, progress=False)
     stamp = (out / "train.bin").stat().st_mtime_ns
     t = time.perf_counter()
-    assert prepare(src, tokenizer, out, val_fraction=0.0, progress=False) == first  # cache hit
+    assert prepare(src, tokenizer, out, val_fraction=0.0, progress=False) == {**first, "cache_hit": True}
     assert time.perf_counter() - t < 1.0 and (out / "train.bin").stat().st_mtime_ns == stamp
 
     src.write_text("one two three\n\nfour five six\n")  # same name, new content
