@@ -83,12 +83,12 @@ class IndexedWriter:
         if len(lengths) and (lengths.min() < 0 or lengths.max() >= 1 << 31):
             raise ValueError("document lengths must lie in [0, 2**31)")
         tokens = np.asarray(tokens)
-        if len(tokens):
+        if len(tokens) and tokens.dtype != self.dtype:
             info = np.iinfo(self.dtype)
             if tokens.min() < info.min or tokens.max() > info.max:
                 raise ValueError(f"token ids in [{tokens.min()}, {tokens.max()}] do not fit {self.dtype}")
-        self._bin.write(tokens.astype(self.dtype, copy=False).tobytes())
-        self._lens.write(lengths.astype(np.int32).tobytes())
+        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).data)
+        self._lens.write(lengths.astype(np.int32).data)
         self.num_documents += len(lengths)
         self.num_tokens += len(tokens)
 
