@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pretrain.checkpoint import read
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 
@@ -92,13 +94,29 @@ def run_cli(*args: str, cwd: Path = REPO_ROOT, timeout: float = 600, check: bool
     return proc
 
 
+class Background:
+    """``pretrain *args`` running in the background (e.g. a reference run next to the one under test)."""
+
+    def __init__(self, *args: str, log: Path):
+        self.args, self.log = args, log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(cli_command(*args), cwd=REPO_ROOT, env=cli_env(), stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float = 600) -> None:
+        if self.proc.wait(timeout) != 0:
+            raise AssertionError(f"pretrain {' '.join(self.args)} exited {self.proc.returncode}:\n"
+                                 f"{self.log.read_text()}")
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:
     """Rows of every ``logs/version_*/metrics.csv`` of a run (one version per launch), in launch order."""
     rows = []
     versions = sorted((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     for version in versions:
-        with open(version / "metrics.csv", newline="") as f:
-            rows.extend(csv.DictReader(f))
+        if (version / "metrics.csv").is_file():  # a killed launch may not have flushed any
+            with open(version / "metrics.csv", newline="") as f:
+                rows.extend(csv.DictReader(f))
     return rows
 
 
@@ -108,8 +126,6 @@ def metric_by_step(rows: list[dict[str, str]], name: str) -> dict[int, float]:
 
 def checkpoint_step(path: Path) -> int:
     """``global_step`` stored in a checkpoint file, or -1 while there is none."""
-    from pretrain.checkpoint import read
-
     try:
         return int(read(path, mmap=True)["global_step"])
     except (FileNotFoundError, ValueError):
@@ -141,8 +157,6 @@ def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float 
 
 
 def model_weights(checkpoint: Path) -> dict:
-    from pretrain.checkpoint import read
-
     return read(checkpoint)["state_dict"]
 
 
