@@ -301,7 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow --flags
+    unknown = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return COMMANDS[args.command][0](args)
     except (ValueError, FileNotFoundError) as err:
