@@ -23,7 +23,7 @@ from torch import Tensor
 
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from objectives.base import Objective, special_id_table
-from objectives.sgns import token_counts, vocabulary
+from objectives.sgns import check_counts, token_counts, vocabulary
 
 
 def glove_weight(x: Tensor, x_max: float = 100.0, alpha: float = 0.75) -> Tensor:
@@ -64,8 +64,7 @@ def cooccurrence(
 ) -> Cooccurrence:
     """Distance-weighted counts of a 1-D token stream (see module doc); ``boundary (V,)`` marks document ends.
     Works in chunks of ``chunk`` tokens (pairs crossing a chunk edge are counted by the left chunk)."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1 (context words on each side), got {window}")
+    check_counts(window=window)
     tokens = torch.as_tensor(np.asarray(tokens).astype(np.int64, copy=False))
     kept = tokens[vocab[tokens] | boundary[tokens]]
     doc = boundary[kept].long().cumsum(0)
@@ -111,10 +110,7 @@ class GloVe:
         symmetric: bool = True,
         special_tokens: Mapping[str, str] | None = None,
     ):
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an integer >= 1 (context words on each side), got {window!r}")
-        if min_count < 1:
-            raise ValueError(f"min_count must be >= 1, got {min_count}")
+        check_counts(window=window, min_count=min_count)
         if x_max <= 0 or alpha <= 0:
             raise ValueError(f"x_max and alpha must be > 0 (published: 100, 0.75), got {x_max}, {alpha}")
         self.tokenizer = tokenizer

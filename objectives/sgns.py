@@ -33,6 +33,14 @@ from objectives.base import Objective, special_id_table
 from objectives.loss import token_cross_entropy
 
 
+def check_counts(**values: int) -> None:
+    """ValueError unless every value is an integer >= 1 (window, negatives, min_count, ...)."""
+    meaning = {"window": " (context words on each side)", "negatives": " (k noise words per example)"}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}{meaning.get(name, '')} must be an integer >= 1, got {value!r}")
+
+
 def token_counts(tokens: np.ndarray | Tensor, vocab_size: int) -> Tensor:
     """``(V,)`` int64 occurrences of every id in a 1-D token stream (e.g. ``IndexedDataset(...).tokens``)."""
     tokens = np.asarray(tokens)
@@ -46,8 +54,7 @@ def token_counts(tokens: np.ndarray | Tensor, vocab_size: int) -> Tensor:
 def vocabulary(counts: Tensor, min_count: int, excluded: Tensor) -> Tensor:
     """``(V,)`` bool: ids occurring at least ``min_count`` times that are not ``excluded`` (special tokens).
     ValueError when nothing is left."""
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    check_counts(min_count=min_count)
     vocab = (counts >= min_count) & ~excluded
     if not vocab.any():
         top = int(counts.masked_fill(excluded, 0).max()) if counts.numel() else 0
@@ -110,12 +117,7 @@ class SkipGram(Objective):
         special_tokens: Mapping[str, str] | None = None,
     ):
         super().__init__(tokenizer, special_tokens)
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an integer >= 1 (context words on each side), got {window!r}")
-        if isinstance(negatives, bool) or not isinstance(negatives, int) or negatives < 1:
-            raise ValueError(
-                f"negatives (k noise words per example) must be an integer >= 1, got {negatives!r}"
-            )
+        check_counts(window=window, negatives=negatives, min_count=min_count)
         if subsample < 0:
             raise ValueError(
                 f"subsample must be >= 0 (0 disables subsampling; word2vec uses 1e-3), got {subsample}"

@@ -8,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
+from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one thread)
 
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from objectives.glove import GloVe, cooccurrence, glove_weight
@@ -132,9 +133,9 @@ def test_planted_analogy_is_recovered():
 
 def test_bad_input_is_a_clear_error():
     tokenizer = word_tokenizer(["a", "b"], SPECIALS)
-    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"window \(context words on each side\) must be an integer >= 1"):
         GloVe(tokenizer, window=0)
-    with pytest.raises(ValueError, match="min_count must be >= 1"):
+    with pytest.raises(ValueError, match="min_count must be an integer >= 1"):
         GloVe(tokenizer, min_count=0)
     stream = np.array([N_SPECIAL, N_SPECIAL + 1, EOS] * 3)
     with pytest.raises(ValueError, match="vocabulary is empty after min-count filtering"):

@@ -24,6 +24,15 @@ from pretrain.rnn import (
 PAD, BOS, EOS = 0, 1, 2
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny sequential kernels run far faster on one thread than on two contended ones (OpenMP barriers)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def lm(**kw) -> RNNLanguageModel:
     torch.manual_seed(0)
     return RNNLanguageModel(

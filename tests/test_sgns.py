@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one thread)
 
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
@@ -157,16 +158,16 @@ def test_same_generators_same_examples_and_rows_are_independent():
 
 def test_bad_options_are_clear_errors():
     stream = zipf_stream(10, 100)
-    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"window \(context words on each side\) must be an integer >= 1"):
         make(10, stream, window=0)
-    with pytest.raises(ValueError, match="negatives .* >= 1"):
+    with pytest.raises(ValueError, match=r"negatives \(k noise words per example\) must be an integer >= 1"):
         make(10, stream, negatives=0)
     with pytest.raises(ValueError, match="vocabulary is empty after min-count filtering.*lower min_count"):
         make(10, stream, min_count=10_000)
     tokenizer = word_tokenizer(["a"], SPECIALS)
     with pytest.raises(ValueError, match="one count per token id"):
         SkipGram(tokenizer, counts=[1, 2, 3])
-    with pytest.raises(ValueError, match="min_count must be >= 1"):
+    with pytest.raises(ValueError, match="min_count must be an integer >= 1"):
         vocabulary(torch.ones(3, dtype=torch.long), 0, torch.zeros(3, dtype=torch.bool))
 
 
