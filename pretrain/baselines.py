@@ -60,8 +60,6 @@ from pretrain.word_vectors import (
     word_tokenizer,
 )
 
-KINDS = ("sgns", "glove", "rnn_lm", "seq2seq")
-
 
 # ---------------------------------------------------------------------------------------------- configuration
 
@@ -124,15 +122,13 @@ class Seq2SeqBaseline:
     kind: Literal["seq2seq"] = "seq2seq"
     model: Seq2SeqConfig = field(default_factory=Seq2SeqConfig)
     task: Literal["parallel", "reverse", "copy"] = "parallel"
-    train: list[str] = field(
-        default_factory=list
-    )  # parallel: [source file, target file], line-aligned (.gz ok)
+    # parallel: [source file, target file] per split, line-aligned (.gz ok)
+    train: list[str] = field(default_factory=list)
     val: list[str] = field(default_factory=list)
     test: list[str] = field(default_factory=list)
     max_length: int = 64  # tokens per side: longer training pairs are dropped; also the decoding limit
-    toy_symbols: int = (
-        10  # toy tasks: symbols "0".."n-1", lengths uniform in [toy_min_length, toy_max_length]
-    )
+    # toy tasks: strings of symbols "0".."toy_symbols-1", lengths uniform in [toy_min_length, toy_max_length]
+    toy_symbols: int = 10
     toy_min_length: int = 2
     toy_max_length: int = 8
     toy_train: int = 20000
@@ -141,6 +137,21 @@ class Seq2SeqBaseline:
     length_penalty: float = 1.0
     eval_examples: int | None = 1000  # decoded per split for BLEU / exact match (None: all)
     heatmaps: int = 3  # attention heatmaps saved (first validation examples)
+
+    def __post_init__(self) -> None:
+        check_counts(
+            max_length=self.max_length,
+            toy_symbols=self.toy_symbols,
+            toy_min_length=self.toy_min_length,
+            toy_train=self.toy_train,
+            beam_size=self.beam_size,
+        )
+        if self.toy_max_length < self.toy_min_length:
+            raise ValueError(
+                f"toy_max_length ({self.toy_max_length}) must be >= toy_min_length ({self.toy_min_length})"
+            )
+        if self.task == "parallel" and len(self.train) != 2:
+            raise ValueError(f"task=parallel needs train=[source file, target file], got {self.train}")
 
 
 BASELINES = {
@@ -157,7 +168,7 @@ def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunCon
     section = raw.pop("baselines", None)
     if not isinstance(section, dict) or section.get("kind") not in BASELINES:
         raise ValueError(
-            f"{recipe}: a baseline recipe needs a section `baselines` with kind in {list(KINDS)} "
+            f"{recipe}: a baseline recipe needs a section `baselines` with kind in {list(BASELINES)} "
             f"(pieces in configs/baselines/), got {section!r:.80}"
         )
     run = configs.validate(raw)

@@ -187,6 +187,12 @@ def test_bad_recipes_fail_before_training(corpus, capsys):
         load("recipes/sgns-tiny.yaml", ["baselines.negatives=0"])
     with pytest.raises(ValueError, match="unknown config key 'windw'.*did you mean window"):
         load("recipes/glove-tiny.yaml", ["baselines.windw=3"])
+    with pytest.raises(ValueError, match=r"toy_max_length \(3\) must be >= toy_min_length \(5\)"):
+        load(
+            "recipes/seq2seq-attn-reverse.yaml", ["baselines.toy_min_length=5", "baselines.toy_max_length=3"]
+        )
+    with pytest.raises(ValueError, match=r"task=parallel needs train=\[source file, target file\]"):
+        load("recipes/seq2seq-attn-reverse.yaml", ["baselines.task=parallel"])
     with pytest.raises(ValueError, match="one device"):
         load("recipes/lstm-lm-tiny.yaml", ["trainer.devices=2"])
     with pytest.raises(ValueError, match="vocabulary is empty after min-count filtering"):
