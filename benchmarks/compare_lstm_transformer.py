@@ -15,6 +15,15 @@ every window (the transformer's context). Printed: the table and the ratios LSTM
     python benchmarks/compare_lstm_transformer.py --quick         # the shipped Tiny Shakespeare, a few steps
 Options: --data-dir (default $PRETRAIN_SHARED_DATA/lm/wikitext-2), --steps, --batch, --seq-len, --d-model,
 --layers, --vocab, --lr, --threads, --out (working directory for the tokenizer and prepared data).
+
+Recorded run (defaults, ``--threads 1``, one CPU core shared with other jobs; BPE of 2048 tokens, 800 steps x 8 x 128
+= 819,200 training tokens, both models 1.07M parameters, lr 2e-3 for both, not tuned per model):
+
+    model           params  train tokens  tokens/s   val ppl   val ppl (state reset)
+    transformer  1,071,872       819,200      3339    117.47                       -
+    lstm         1,071,840       819,200      5317    190.05                  194.13
+    ratio lstm / transformer: params 1.000, val ppl 1.618 (state reset 1.653), tokens/s 1.592
+    validation: 360,448 tokens
 """
 
 from __future__ import annotations
