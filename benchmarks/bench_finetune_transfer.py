@@ -7,7 +7,8 @@ command (tokenizer -> prepare -> fit). Finetuning is ``recipes/finetune-sst2-ber
 checkpoint, and from ``init.model`` = the checkpoint's ModelConfig with random weights. Prints full-dev accuracy of
 both and their difference. ~10-15 minutes on 2 CPU cores::
 
-    python benchmarks/bench_finetune_transfer.py [--pretrain-steps 1000] [--finetune-steps 600]
+    python benchmarks/bench_finetune_transfer.py [--pretrain-steps 1000] [--finetune-steps 600] [--finetune-lr 1e-4]
+    python benchmarks/bench_finetune_transfer.py --reuse --finetune-lr 1e-4   # finetuning again only
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pretrain-steps", type=int, default=1000)
     parser.add_argument("--finetune-steps", type=int, default=600)
+    parser.add_argument("--finetune-lr", type=float, default=None, help="default: the recipe's optim.lr")
     parser.add_argument("--out", default="runs/bench-transfer")
+    parser.add_argument(
+        "--reuse", action="store_true", help="reuse the pretrained checkpoint of an earlier run"
+    )
     args = parser.parse_args()
     data = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
     out = Path(args.out)
@@ -52,12 +57,13 @@ def main() -> None:
         "checkpoint.save_top_k=0",
         "trainer.val_check_interval=500",
     ]
-    start = time.perf_counter()
-    for command in ("tokenizer", "prepare", "fit"):
-        if cli.main([command, "recipes/bert-tiny.yaml", *overrides]) != 0:
-            raise SystemExit(f"pretrain {command} failed")
-    pretrain_s = time.perf_counter() - start
     ckpt = out / "mlm" / "checkpoints" / "last.ckpt"
+    start = time.perf_counter()
+    if not (args.reuse and ckpt.is_file()):
+        for command in ("tokenizer", "prepare", "fit"):
+            if cli.main([command, "recipes/bert-tiny.yaml", *overrides]) != 0:
+                raise SystemExit(f"pretrain {command} failed")
+    pretrain_s = time.perf_counter() - start
 
     results = {}
     for init in ("pretrained", "random"):
@@ -69,6 +75,7 @@ def main() -> None:
                 f"trainer.max_steps={args.finetune_steps}",
                 "trainer.progress_bar=false",
                 "save=false",
+                *([f"optim.lr={args.finetune_lr}"] if args.finetune_lr else []),
             ],
         )
         if init == "random":
@@ -76,7 +83,10 @@ def main() -> None:
             cfg.init.checkpoint, cfg.init.tokenizer = None, str(out / "tokenizer.json")
         results[init] = run(cfg)
 
-    print(f"\nMLM pretraining: {args.pretrain_steps} steps on unlabelled SST-2 sentences, {pretrain_s:.0f} s")
+    print(
+        f"\nMLM pretraining: {args.pretrain_steps} steps on unlabelled SST-2 sentences, {pretrain_s:.0f} s; "
+        f"finetuning lr {cfg.optim.lr}"
+    )
     print(f"{'init':<12}{'steps':>7}{'train s':>9}{'dev acc':>9}")
     for init, r in results.items():
         print(f"{init:<12}{r['steps']:>7}{r['train_seconds']:>9.0f}{r['val']['accuracy']:>9.4f}")
