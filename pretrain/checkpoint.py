@@ -25,14 +25,18 @@ from pretrain.config import ModelConfig
 from pretrain.model import Transformer
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
-FSDP_METADATA = "meta.pt"  # Lightning's FSDP sharded layout: <dir>/meta.pt + torch.distributed.checkpoint shards
+FSDP_METADATA = (
+    "meta.pt"  # Lightning's FSDP sharded layout: <dir>/meta.pt + torch.distributed.checkpoint shards
+)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes to a temporary file in the same directory, fsyncs, then ``os.replace``: a reader sees the old file or
     the complete new one, never a partial write (a crash mid-save leaves only a stray ``.tmp``)."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = Path(path)
@@ -53,7 +57,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             os.close(dir_fd)
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict:
         return read(path, map_location=map_location)
 
 
@@ -65,7 +71,9 @@ def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> 
     try:
         return torch.load(path, map_location=map_location or "cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, pickle.UnpicklingError) as err:
-        raise ValueError(f"checkpoint {path} is unreadable (truncated, corrupt or not weights-only): {err}") from err
+        raise ValueError(
+            f"checkpoint {path} is unreadable (truncated, corrupt or not weights-only): {err}"
+        ) from err
 
 
 def is_valid(path: Path) -> bool:
@@ -102,7 +110,9 @@ def find_resume(checkpoint_dir: str | Path) -> Path | None:
             stacklevel=2,
         )
     if candidates:
-        raise ValueError(f"resume=auto: no valid checkpoint among {sorted(p.name for p in candidates)} in {directory}")
+        raise ValueError(
+            f"resume=auto: no valid checkpoint among {sorted(p.name for p in candidates)} in {directory}"
+        )
     return None
 
 
@@ -120,7 +130,9 @@ def check_compatible(saved_config: dict[str, Any], model_config: dict[str, Any],
     """``ValueError`` when a checkpoint's model differs in architecture or any shape from the configured one."""
     diffs = {k: (saved_config.get(k), v) for k, v in model_config.items() if saved_config.get(k) != v}
     if diffs:
-        listed = ", ".join(f"model.{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(diffs.items()))
+        listed = ", ".join(
+            f"model.{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(diffs.items())
+        )
         raise ValueError(
             f"checkpoint {path} holds a different model ({listed}); resume with the recipe it was trained with, "
             "or start a fresh run (resume=null, another run_dir)"

@@ -109,8 +109,13 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
         check_compatible(saved["config"]["model"], resolved["model"], ckpt)
         wandb_id = saved.get("wandb_run_id")
     L.seed_everything(run.seed, verbose=False)
-    module = PretrainModule(run, objective, resolved=resolved, tokenizer_json=tokenizer.to_str(),
-                            wandb_id=wandb_id or new_run_id())
+    module = PretrainModule(
+        run,
+        objective,
+        resolved=resolved,
+        tokenizer_json=tokenizer.to_str(),
+        wandb_id=wandb_id or new_run_id(),
+    )
     return {"tokenizer": tokenizer, "datamodule": datamodule, "module": module, "ckpt": ckpt}
 
 
@@ -143,8 +148,11 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
     lines = [f"steps: {trainer.global_step} (tokens seen {module.tokens_seen:,})", f"checkpoint: {last}"]
-    best = [cb.best_model_path for cb in trainer.checkpoint_callbacks
-            if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.best_model_path]
+    best = [
+        cb.best_model_path
+        for cb in trainer.checkpoint_callbacks
+        if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.best_model_path
+    ]
     if best:
         lines.append(f"best checkpoint: {best[0]}")
     for name, value in sorted(trainer.callback_metrics.items()):
@@ -156,7 +164,9 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 
             experiment = logger.experiment
             run_dir = Path(experiment.dir).parent
-            lines.append(f"W&B run: {experiment.id} ({'offline' if experiment.offline else 'online'}) {run_dir}")
+            lines.append(
+                f"W&B run: {experiment.id} ({'offline' if experiment.offline else 'online'}) {run_dir}"
+            )
             if experiment.offline:
                 lines.append(f"  upload with: wandb sync {run_dir}")
             wandb.finish()
@@ -175,8 +185,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
     trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
-    results = trainer.validate(parts["module"], datamodule=parts["datamodule"], ckpt_path=parts["ckpt"],
-                               weights_only=True, verbose=False)
+    results = trainer.validate(
+        parts["module"],
+        datamodule=parts["datamodule"],
+        ckpt_path=parts["ckpt"],
+        weights_only=True,
+        verbose=False,
+    )
     if trainer.is_global_zero:
         print(f"checkpoint: {parts['ckpt']}")
         for name, value in sorted(results[0].items()):
@@ -199,12 +214,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(args.seed)
     enc_dec = cfg.arch == "encoder-decoder"
     out = generate(
-        model.eval(), None if enc_dec else ids, args.max_new_tokens,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
-        eos_token_id=eos, generator=generator, encoder_input_ids=ids if enc_dec else None,
+        model.eval(),
+        None if enc_dec else ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        greedy=args.greedy,
+        eos_token_id=eos,
+        generator=generator,
+        encoder_input_ids=ids if enc_dec else None,
     )
     for i, row in enumerate(out.tolist()):
-        text = tokenizer.decode(row if enc_dec else row[ids.shape[1]:], skip_special_tokens=not enc_dec)
+        text = tokenizer.decode(row if enc_dec else row[ids.shape[1] :], skip_special_tokens=not enc_dec)
         print(f"--- sample {i} ---\n{'' if enc_dec else args.prompt}{text}")
     return 0
 
@@ -236,7 +258,9 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
         print(f"tokenizer {path} exists; reusing it (--force retrains)")
         return 0
     if not t.train_files:
-        raise ValueError(f"tokenizer {path} does not exist and tokenizer.train_files is empty; list training text")
+        raise ValueError(
+            f"tokenizer {path} does not exist and tokenizer.train_files is empty; list training text"
+        )
     tokenizer = train_bpe(list(t.train_files), t.vocab_size, path, min_frequency=t.min_frequency)
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens -> {path}")
     return 0
@@ -249,9 +273,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     for source in run.data.sources:
         if not source.text:
             raise ValueError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
-        meta = prepare(list(source.text), run.tokenizer.path, source.prepared, val_fraction=run.data.val_fraction,
-                       eos_token=run.tokenizer.special_tokens.get("eos"), force=args.force)
-        counts = ", ".join(f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items())
+        meta = prepare(
+            list(source.text),
+            run.tokenizer.path,
+            source.prepared,
+            val_fraction=run.data.val_fraction,
+            eos_token=run.tokenizer.special_tokens.get("eos"),
+            force=args.force,
+        )
+        counts = ", ".join(
+            f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items()
+        )
         print(f"prepared {source.name} -> {source.prepared}: {counts}")
     return 0
 
@@ -276,10 +308,14 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parsers = {name: sub.add_parser(name, help=text, description=text) for name, (_, text) in COMMANDS.items()}
+    parsers = {
+        name: sub.add_parser(name, help=text, description=text) for name, (_, text) in COMMANDS.items()
+    }
     for name in ("fit", "validate", "tokenizer", "prepare"):
         _recipe_args(parsers[name])
-    parsers["fit"].add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parsers["fit"].add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
     parsers["validate"].add_argument("--ckpt", help="checkpoint (default: the newest valid one of the run)")
     parsers["tokenizer"].add_argument("--force", action="store_true", help="retrain even if the file exists")
     parsers["prepare"].add_argument("--force", action="store_true", help="overwrite prepared data")

@@ -51,7 +51,9 @@ class TokenizerConfig:
     train_files: list[str] = field(default_factory=list)
     vocab_size: int = 1024
     min_frequency: int = 2
-    special_tokens: dict[str, str] = field(default_factory=dict)  # role -> token overrides, e.g. eos: <|endoftext|>
+    special_tokens: dict[str, str] = field(
+        default_factory=dict
+    )  # role -> token overrides, e.g. eos: <|endoftext|>
 
 
 @dataclass
@@ -205,7 +207,9 @@ def _piece_path(ref: str, recipe_dir: Path, config_dir: Path) -> Path:
     )
 
 
-def compose(recipe: str | Path, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+def compose(
+    recipe: str | Path, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR
+) -> dict[str, Any]:
     """Merge the recipe's pieces (from ``config_dir``), its body and ``key=value`` overrides; return the resolved
     plain dict."""
     recipe = Path(recipe)
@@ -217,12 +221,16 @@ def compose(recipe: str | Path, overrides: list[str] | None = None, config_dir: 
         pieces = []
         for ref in body.pop("defaults", []) or []:
             group = Path(ref).parts[0]
-            pieces.append(OmegaConf.create({group: OmegaConf.load(_piece_path(ref, recipe.parent, config_dir))}))
+            pieces.append(
+                OmegaConf.create({group: OmegaConf.load(_piece_path(ref, recipe.parent, config_dir))})
+            )
         merged = OmegaConf.merge(*pieces, body)
         for item in overrides or []:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")
+                raise ValueError(
+                    f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)"
+                )
             # the value is parsed as in YAML (numbers, lists, null); `a.b.0.c=` addresses list items
             OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
         return OmegaConf.to_container(merged, resolve=True)
@@ -317,7 +325,14 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         t.precision = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}[t.precision]
     if t.precision not in PRECISIONS:
         raise ValueError(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
-    for name in ("max_steps", "devices", "num_nodes", "accumulate_grad_batches", "val_check_interval", "log_every_n_steps"):
+    for name in (
+        "max_steps",
+        "devices",
+        "num_nodes",
+        "accumulate_grad_batches",
+        "val_check_interval",
+        "log_every_n_steps",
+    ):
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
@@ -330,7 +345,9 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
     if run.strategy.name == "deepspeed" and run.trainer.compile:
-        raise ValueError("trainer.compile is not supported with strategy deepspeed; set trainer.compile=false")
+        raise ValueError(
+            "trainer.compile is not supported with strategy deepspeed; set trainer.compile=false"
+        )
     return run
 
 

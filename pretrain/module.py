@@ -25,6 +25,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import Tensor
 
 from datamodules.pretrain import PretrainDataModule
@@ -34,7 +35,9 @@ from pretrain.configs import RunConfig
 from pretrain.model import Transformer
 from pretrain.optim import build_optimizer, build_scheduler
 
-STEP_TARGETS = "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
+STEP_TARGETS = (
+    "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
+)
 
 
 class StepGroups:
@@ -66,6 +69,14 @@ class PretrainData(PretrainDataModule):
     def train_dataloader(self) -> StepGroups:
         return StepGroups(super().train_dataloader(), self.accumulate_grad_batches)
 
+    def on_before_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        """Drop attention masks that mask nothing (packed samples have no padding), still on the CPU: the
+        backbone then calls SDPA without an explicit mask (``is_causal`` for decoders), allowing FlashAttention."""
+        for key in ("attention_mask", "decoder_attention_mask"):
+            if key in batch and bool(batch[key].all()):
+                del batch[key]
+        return batch
+
 
 def dropout_seed(seed: int, step: int, micro_batch: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, step, micro_batch, rank]).generate_state(1, np.uint64)[0] >> 1)
@@ -96,6 +107,7 @@ class PretrainModule(L.LightningModule):
             self.model.compile()  # compiles __call__ in place: parameter names and state_dict unchanged
         self.tokens_seen = 0
         self.flops_per_batch = 0.0  # read by the ThroughputMonitor after every batch
+        self._flops_per_sample: dict[tuple[int, int | None], float] = {}
         self._step_targets: Tensor | None = None
         self._train_sums: dict[str, Tensor] = {}
         self._val_sums: dict[str, Tensor] = {}
@@ -107,10 +119,12 @@ class PretrainModule(L.LightningModule):
         return inputs, batch["labels"]
 
     def _batch_flops(self, inputs: dict[str, Tensor], backward: bool) -> float:
-        """Model FLOPs of one micro-batch (forward + backward, or forward only)."""
+        """Model FLOPs of one micro-batch (forward + backward, or forward only); cached per shape."""
         batch, seq = inputs["input_ids"].shape
         dec = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else None
-        flops = self.model.flops_per_token(seq, dec) * seq * batch
+        if (seq, dec) not in self._flops_per_sample:
+            self._flops_per_sample[seq, dec] = self.model.flops_per_token(seq, dec) * seq
+        flops = self._flops_per_sample[seq, dec] * batch
         return flops if backward else flops / 3
 
     def _reduce(self, t: Tensor) -> Tensor:
@@ -120,7 +134,7 @@ class PretrainModule(L.LightningModule):
         """k * W, undoing Lightning's division by k and data-parallel averaging over W. DeepSpeed's engine
         divides by its gradient-accumulation steps once more."""
         k = self.trainer.accumulate_grad_batches
-        deepspeed = type(self.trainer.strategy).__name__ == "DeepSpeedStrategy"
+        deepspeed = isinstance(self.trainer.strategy, DeepSpeedStrategy)
         return k * self.trainer.world_size * (k if deepspeed else 1)
 
     # ------------------------------------------------------------------------------------------ training
@@ -137,8 +151,7 @@ class PretrainModule(L.LightningModule):
         self.flops_per_batch = self._batch_flops(inputs, backward=True)
         self.tokens_seen += inputs["input_ids"].numel() * self.trainer.world_size
 
-        logging = self.trainer._logger_connector.should_update_logs
-        if logging:
+        if self.trainer._logger_connector.should_update_logs:  # Lightning's schedule of logged steps
             correct = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
             for key, value in (("loss_sum", loss_sum.detach()), ("num_correct", correct)):
                 self._train_sums[key] = self._train_sums.get(key, 0) + value
@@ -147,8 +160,10 @@ class PretrainModule(L.LightningModule):
         return loss_sum * self._grad_multiplier() / self._step_targets.clamp_min(1)
 
     def _log_train_step(self) -> None:
-        sums = self._reduce(torch.stack([self._train_sums["loss_sum"].float(), self._train_sums["num_correct"].float()]))
-        totals = {"loss_sum": sums[0], "num_correct": sums[1], "num_targets": self._step_targets}
+        loss_sum, correct = self._reduce(
+            torch.stack([self._train_sums[k].float() for k in ("loss_sum", "num_correct")])
+        )
+        totals = {"loss_sum": loss_sum, "num_correct": correct, "num_targets": self._step_targets}
         metrics = {f"train/{k}": v for k, v in self.objective.summarize(totals).items()}
         metrics["train/tokens_seen"] = float(self.tokens_seen)
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
@@ -163,7 +178,7 @@ class PretrainModule(L.LightningModule):
         if not grads:  # DeepSpeed keeps gradients inside its engine
             return
         sq = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum()
-        if type(self.trainer.strategy).__name__ == "FSDPStrategy":
+        if isinstance(self.trainer.strategy, FSDPStrategy):
             sq = self._reduce(sq)
         self.log("train/grad_norm", sq.sqrt(), on_step=True, on_epoch=False, rank_zero_only=True)
 
@@ -184,7 +199,9 @@ class PretrainModule(L.LightningModule):
         keys = sorted(self._val_sums)
         totals = dict(zip(keys, self._reduce(torch.stack([self._val_sums[k] for k in keys]))))
         metrics = {f"val/{k}": v for k, v in self.objective.summarize(totals).items()}
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)  # equal on all ranks
+        self.log_dict(
+            metrics, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True
+        )  # equal on all ranks
 
     # ------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> dict[str, Any]:

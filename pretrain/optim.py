@@ -17,7 +17,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     A parameter decays iff it has >= 2 dims and no ``nn.Embedding`` owns it (GPT-2 / BERT / T5 practice).
     Shared (tied) parameters appear once.
     """
-    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
+    embedding = {
+        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
+    }
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if not p.requires_grad:
@@ -42,7 +44,9 @@ def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     warmup, floor = cfg.warmup_steps, cfg.min_lr_ratio
     decay_steps = cfg.decay_steps or max_steps
     if warmup < 0 or not 0.0 <= floor <= 1.0:
-        raise ValueError(f"optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1], got {warmup}, {floor}")
+        raise ValueError(
+            f"optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1], got {warmup}, {floor}"
+        )
 
     def fn(step: int) -> float:
         if step < warmup:
@@ -59,7 +63,9 @@ def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     return fn
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, *, cpu_offload: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, *, cpu_offload: bool = False
+) -> torch.optim.Optimizer:
     """AdamW over :func:`param_groups`; DeepSpeed's CPU Adam when ZeRO offloads the optimizer to the CPU."""
     groups = param_groups(model, cfg.weight_decay)
     kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
@@ -71,5 +77,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, *, cpu_offload: bool = F
     return torch.optim.AdamW(groups, fused=True if on_cuda else None, **kwargs)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, max_steps))

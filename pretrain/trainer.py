@@ -25,7 +25,9 @@ def deepspeed_config(run: RunConfig) -> dict[str, Any]:
     """
     ds = run.strategy.deepspeed
     if (ds.offload_optimizer or ds.offload_parameters) and ds.stage == 1:
-        raise ValueError("strategy.deepspeed: CPU offload needs ZeRO stage 2 or 3; set strategy.deepspeed.stage")
+        raise ValueError(
+            "strategy.deepspeed: CPU offload needs ZeRO stage 2 or 3; set strategy.deepspeed.stage"
+        )
     if ds.offload_parameters and ds.stage != 3:
         raise ValueError("strategy.deepspeed.offload_parameters needs ZeRO stage 3")
     zero: dict[str, Any] = {
@@ -70,14 +72,18 @@ def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()
     try:
         import deepspeed  # noqa: F401
     except ImportError as err:
-        raise ValueError("strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'") from err
+        raise ValueError(
+            "strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'"
+        ) from err
     return DeepSpeedStrategy(config=deepspeed_config(run))
 
 
 def wandb_mode(run: RunConfig) -> str:
     """``online`` only when configured (logger.wandb.mode=online, WANDB_MODE, or an API key); else ``offline``."""
-    return run.logger.wandb.mode or os.environ.get("WANDB_MODE") or (
-        "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return (
+        run.logger.wandb.mode
+        or os.environ.get("WANDB_MODE")
+        or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
     )
 
 
@@ -116,8 +122,13 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
-        ModelCheckpoint(dirpath=directory, filename="last", save_top_k=0, save_last=True,
-                        every_n_train_steps=run.checkpoint.every_n_steps),
+        ModelCheckpoint(
+            dirpath=directory,
+            filename="last",
+            save_top_k=0,
+            save_last=True,
+            every_n_train_steps=run.checkpoint.every_n_steps,
+        ),
         PeakThroughputMonitor(
             batch_size_fn=lambda batch: batch["input_ids"].shape[0],
             length_fn=lambda batch: batch["input_ids"].numel(),
@@ -126,10 +137,16 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
         ),
     ]
     if run.checkpoint.save_top_k > 0:
-        callbacks.append(ModelCheckpoint(
-            dirpath=directory, filename="best-step{step}-loss{val/loss:.4f}", auto_insert_metric_name=False,
-            monitor=run.checkpoint.monitor, mode="min", save_top_k=run.checkpoint.save_top_k,
-        ))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=directory,
+                filename="best-step{step}-loss{val/loss:.4f}",
+                auto_insert_metric_name=False,
+                monitor=run.checkpoint.monitor,
+                mode="min",
+                save_top_k=run.checkpoint.save_top_k,
+            )
+        )
     return callbacks
 
 

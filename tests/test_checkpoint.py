@@ -34,7 +34,11 @@ def lightning_like(step: int, model: Transformer | None = None) -> dict:
         "global_step": step,
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
         "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
-        PAYLOAD: {"config": {"model": dataclasses.asdict(CONFIG)}, "tokenizer_json": None, "wandb_run_id": "abc"},
+        PAYLOAD: {
+            "config": {"model": dataclasses.asdict(CONFIG)},
+            "tokenizer_json": None,
+            "wandb_run_id": "abc",
+        },
     }
 
 

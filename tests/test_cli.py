@@ -48,11 +48,22 @@ def test_console_script():
 
 
 def test_tokenizer_and_prepare(tmp_path, capsys, tiny_world):  # noqa: F811
-    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", tokenizer={"path": str(tmp_path / "tok.json"),
-                                                                 "train_files": [str(tiny_world["corpus"])],
-                                                                 "vocab_size": 400},
-                         data={"sources": [{"name": "c", "text": [str(tiny_world["corpus"])],
-                                            "prepared": str(tmp_path / "prepared")}], "val_fraction": 0.1})
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_world,
+        "gpt",
+        tokenizer={
+            "path": str(tmp_path / "tok.json"),
+            "train_files": [str(tiny_world["corpus"])],
+            "vocab_size": 400,
+        },
+        data={
+            "sources": [
+                {"name": "c", "text": [str(tiny_world["corpus"])], "prepared": str(tmp_path / "prepared")}
+            ],
+            "val_fraction": 0.1,
+        },
+    )
     status, out, _ = pretrain(capsys, "tokenizer", recipe)
     assert status == 0 and "trained a byte-level BPE of 400 tokens" in out
     status, out, _ = pretrain(capsys, "tokenizer", recipe)
@@ -90,14 +101,32 @@ def test_validate(trained, capsys):
 
 
 def test_generate(trained, capsys):
-    status, out, _ = pretrain(capsys, "generate", trained["ckpt"], "--prompt", "ROMEO:", "--greedy",
-                              "--max-new-tokens", "8")
+    status, out, _ = pretrain(
+        capsys, "generate", trained["ckpt"], "--prompt", "ROMEO:", "--greedy", "--max-new-tokens", "8"
+    )
     assert status == 0 and out.count("--- sample") == 1 and "ROMEO:" in out
-    status, again, _ = pretrain(capsys, "generate", trained["ckpt"], "--prompt", "ROMEO:", "--greedy",
-                                "--max-new-tokens", "8")
+    status, again, _ = pretrain(
+        capsys, "generate", trained["ckpt"], "--prompt", "ROMEO:", "--greedy", "--max-new-tokens", "8"
+    )
     assert again == out  # greedy is deterministic
-    args = ["generate", trained["ckpt"], "--prompt", "To be", "--top-k", "20", "--top-p", "0.9",
-            "--temperature", "1.2", "--num-samples", "2", "--seed", "3", "--max-new-tokens", "8"]
+    args = [
+        "generate",
+        trained["ckpt"],
+        "--prompt",
+        "To be",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--temperature",
+        "1.2",
+        "--num-samples",
+        "2",
+        "--seed",
+        "3",
+        "--max-new-tokens",
+        "8",
+    ]
     status, sampled, _ = pretrain(capsys, *args)
     assert status == 0 and sampled.count("--- sample") == 2
     assert pretrain(capsys, *args)[1] == sampled  # the seed makes sampling reproducible
@@ -117,15 +146,21 @@ def test_export_loads_in_transformers(trained, tmp_path, capsys):
         torch.testing.assert_close(hf(ids).logits, ours(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["trainer.max_step=3"], "unknown config key 'max_step' at trainer.max_step; did you mean max_steps"),
-    (["trainer.max_steps=many"], "trainer.max_steps: expected int, got str 'many'"),
-    (["objective.name=mlm"], "objective 'mlm' needs a model with arch in ['encoder']"),
-    (["objective.name=span_corruption", "model.arch=encoder"], "needs a model with arch in ['encoder-decoder']"),
-    (["tokenizer.path=/nonexistent/tok.json"], "tokenizer /nonexistent/tok.json not found"),
-    (["data.sources.0.prepared=/nonexistent/data"], "/nonexistent/data is not a prepared corpus"),
-    (["model.vocab_size=128"], "set model.vocab_size >= 512"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.max_step=3"], "unknown config key 'max_step' at trainer.max_step; did you mean max_steps"),
+        (["trainer.max_steps=many"], "trainer.max_steps: expected int, got str 'many'"),
+        (["objective.name=mlm"], "objective 'mlm' needs a model with arch in ['encoder']"),
+        (
+            ["objective.name=span_corruption", "model.arch=encoder"],
+            "needs a model with arch in ['encoder-decoder']",
+        ),
+        (["tokenizer.path=/nonexistent/tok.json"], "tokenizer /nonexistent/tok.json not found"),
+        (["data.sources.0.prepared=/nonexistent/data"], "/nonexistent/data is not a prepared corpus"),
+        (["model.vocab_size=128"], "set model.vocab_size >= 512"),
+    ],
+)
 def test_bad_input_fails_before_training(tmp_path, capsys, tiny_world, overrides, message):  # noqa: F811
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt")
     status, _, err = pretrain(capsys, "fit", recipe, *overrides)
@@ -136,10 +171,13 @@ def test_bad_input_fails_before_training(tmp_path, capsys, tiny_world, overrides
 def test_checkpoint_of_another_architecture_is_refused(tmp_path, capsys, tiny_world):  # noqa: F811
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt")
     bert = dataclasses.asdict(ModelConfig(arch="encoder", vocab_size=512, d_model=32, n_layer=2, n_head=2))
-    AtomicCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}, PAYLOAD: {"config": {"model": bert}}},
-                                         tmp_path / "bert.ckpt")
+    AtomicCheckpointIO().save_checkpoint(
+        {"global_step": 3, "state_dict": {}, PAYLOAD: {"config": {"model": bert}}}, tmp_path / "bert.ckpt"
+    )
     status, _, err = pretrain(capsys, "fit", recipe, f"resume={tmp_path / 'bert.ckpt'}")
-    assert status == 2 and "holds a different model (model.arch: checkpoint 'encoder' vs config 'decoder'" in err
+    assert (
+        status == 2 and "holds a different model (model.arch: checkpoint 'encoder' vs config 'decoder'" in err
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -165,8 +203,16 @@ def test_generate_encoder_decoder(tmp_path, capsys, tiny_world):  # noqa: F811
     recipe = tiny_recipe(tmp_path, tiny_world, "t5", trainer={"max_steps": 1}, checkpoint={"save_top_k": 0})
     assert main(["fit", str(recipe)]) == 0
     capsys.readouterr()
-    status, out, _ = pretrain(capsys, "generate", tmp_path / "run/checkpoints/last.ckpt",
-                              "--prompt", "To be or <extra_id_0> to be", "--greedy", "--max-new-tokens", "5")
+    status, out, _ = pretrain(
+        capsys,
+        "generate",
+        tmp_path / "run/checkpoints/last.ckpt",
+        "--prompt",
+        "To be or <extra_id_0> to be",
+        "--greedy",
+        "--max-new-tokens",
+        "5",
+    )
     assert status == 0 and "--- sample 0 ---" in out
 
 

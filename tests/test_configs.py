@@ -11,8 +11,18 @@ from pretrain import configs
 from pretrain.config import ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PRETRAINING = ["gpt-tiny", "bert-tiny", "t5-tiny", "ul2-tiny", "prefixlm-tiny", "gpt2-124m", "gpt2-350m", "bert-base",
-               "bert-large", "t5-v1_1-base"]
+PRETRAINING = [
+    "gpt-tiny",
+    "bert-tiny",
+    "t5-tiny",
+    "ul2-tiny",
+    "prefixlm-tiny",
+    "gpt2-124m",
+    "gpt2-350m",
+    "bert-base",
+    "bert-large",
+    "t5-v1_1-base",
+]
 RECIPES = [REPO_ROOT / "recipes" / f"{name}.yaml" for name in PRETRAINING]
 
 
@@ -30,11 +40,18 @@ def test_every_shipped_recipe_validates(recipe):
 
 
 def test_pieces_then_recipe_then_overrides(tmp_path):
-    recipe = write(tmp_path / "r.yaml", {
-        "defaults": ["model/gpt-tiny", "optim/tiny", "objective/ul2", "data/shakespeare"],
-        "name": "x", "optim": {"lr": 0.5}, "data": {"seq_len": 64},
-    })
-    run, resolved = configs.load(recipe, ["optim.warmup_steps=7", "model.n_layer=1", "data.sources.0.weight=2"])
+    recipe = write(
+        tmp_path / "r.yaml",
+        {
+            "defaults": ["model/gpt-tiny", "optim/tiny", "objective/ul2", "data/shakespeare"],
+            "name": "x",
+            "optim": {"lr": 0.5},
+            "data": {"seq_len": 64},
+        },
+    )
+    run, resolved = configs.load(
+        recipe, ["optim.warmup_steps=7", "model.n_layer=1", "data.sources.0.weight=2"]
+    )
     assert run.model.d_model == 128  # from the piece, placed under its group
     assert run.optim.lr == 0.5  # the recipe beats the piece
     assert run.optim.warmup_steps == 7 and run.model.n_layer == 1  # overrides beat both
@@ -45,25 +62,31 @@ def test_pieces_then_recipe_then_overrides(tmp_path):
 
 
 def test_unknown_key_names_path_and_closest_keys():
-    with pytest.raises(ValueError, match=r"unknown config key 'warmup_step' at optim.warmup_step; did you mean "
-                                         r"warmup_steps\b"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown config key 'warmup_step' at optim.warmup_step; did you mean "
+        r"warmup_steps\b",
+    ):
         configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["optim.warmup_step=3"])
     with pytest.raises(ValueError, match=r"'n_layers' at model.n_layers; did you mean n_layer"):
         configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["model.n_layers=3"])
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("trainer.max_steps=ten", r"trainer.max_steps: expected int, got str 'ten'"),
-    ("model.d_model=1.5", r"model.d_model: expected int, got float 1.5"),
-    ("trainer.compile=3", r"trainer.compile: expected bool"),
-    ("optim.betas=0.9", r"optim.betas: expected a list"),
-    ("optim.schedule=cosin", r"'cosin' is not one of .*did you mean 'cosine'"),
-    ("strategy.name=horovod", r"strategy.name: 'horovod' is not one of"),
-    ("trainer.precision=64", r"trainer.precision: '64' is not one of"),
-    ("model.arch=rnn", r"ModelConfig.arch must be one of"),
-    ("data.seq_len=4096", r"data.seq_len=4096 exceeds model.max_seq_len=256"),
-    ("trainer.max_steps", r"not of the form key=value"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.max_steps=ten", r"trainer.max_steps: expected int, got str 'ten'"),
+        ("model.d_model=1.5", r"model.d_model: expected int, got float 1.5"),
+        ("trainer.compile=3", r"trainer.compile: expected bool"),
+        ("optim.betas=0.9", r"optim.betas: expected a list"),
+        ("optim.schedule=cosin", r"'cosin' is not one of .*did you mean 'cosine'"),
+        ("strategy.name=horovod", r"strategy.name: 'horovod' is not one of"),
+        ("trainer.precision=64", r"trainer.precision: '64' is not one of"),
+        ("model.arch=rnn", r"ModelConfig.arch must be one of"),
+        ("data.seq_len=4096", r"data.seq_len=4096 exceeds model.max_seq_len=256"),
+        ("trainer.max_steps", r"not of the form key=value"),
+    ],
+)
 def test_bad_values_are_named(override, message):
     with pytest.raises(ValueError, match=message):
         configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", [override])

@@ -28,11 +28,20 @@ def test_two_processes_match_one_process_with_twice_the_batch(tmp_path, tiny_wor
     runs = {}
     for name, devices, micro in (("one", 1, 4), ("two", 2, 2)):
         (tmp_path / name).mkdir()
-        recipe = tiny_recipe(tmp_path / name, tiny_world, "bert", data={"micro_batch_size": micro},
-                             strategy=DDP if devices > 1 else {"name": "auto"},
-                             trainer={"devices": devices, "max_steps": 10, "accumulate_grad_batches": 2,
-                                      "val_check_interval": 100},
-                             checkpoint={"every_n_steps": 100, "save_top_k": 0})
+        recipe = tiny_recipe(
+            tmp_path / name,
+            tiny_world,
+            "bert",
+            data={"micro_batch_size": micro},
+            strategy=DDP if devices > 1 else {"name": "auto"},
+            trainer={
+                "devices": devices,
+                "max_steps": 10,
+                "accumulate_grad_batches": 2,
+                "val_check_interval": 100,
+            },
+            checkpoint={"every_n_steps": 100, "save_top_k": 0},
+        )
         runs[name] = Background("fit", str(recipe), log=tmp_path / f"{name}.log")
     curves = {}
     for name, run in runs.items():
@@ -50,9 +59,15 @@ def test_ddp_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kin
     runs = {}
     for name in ("full", "killed"):
         (tmp_path / name).mkdir()
-        runs[name] = tiny_recipe(tmp_path / name, tiny_world, kind, strategy=DDP, model={"dropout": 0.1},
-                                 trainer={"devices": 2, "max_steps": 6, "val_check_interval": 3},
-                                 checkpoint={"every_n_steps": 1, "save_top_k": 1})
+        runs[name] = tiny_recipe(
+            tmp_path / name,
+            tiny_world,
+            kind,
+            strategy=DDP,
+            model={"dropout": 0.1},
+            trainer={"devices": 2, "max_steps": 6, "val_check_interval": 3},
+            checkpoint={"every_n_steps": 1, "save_top_k": 1},
+        )
     reference = Background("fit", str(runs["full"]), log=tmp_path / "full.log")
     step = fit_and_kill(runs["killed"], tmp_path / "killed" / "run", kill_at_step=random.randint(1, 3))
     assert step < 6

@@ -25,12 +25,19 @@ class CaptureGrads(Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grads:
-            self.grads = {n: p.grad.clone() for n, p in pl_module.model.named_parameters() if p.grad is not None}
+            self.grads = {
+                n: p.grad.clone() for n, p in pl_module.model.named_parameters() if p.grad is not None
+            }
 
 
 def fit_one_step(tmp_path, world, kind: str, micro: int, k: int):
-    recipe = tiny_recipe(tmp_path, world, kind, data={"micro_batch_size": micro},
-                         trainer={"max_steps": 1, "accumulate_grad_batches": k, "gradient_clip_val": None})
+    recipe = tiny_recipe(
+        tmp_path,
+        world,
+        kind,
+        data={"micro_batch_size": micro},
+        trainer={"max_steps": 1, "accumulate_grad_batches": k, "gradient_clip_val": None},
+    )
     run, resolved = configs.load(recipe)
     parts = prepare_run(run, resolved)
     init = copy.deepcopy(parts["module"].model.state_dict())
@@ -89,19 +96,44 @@ def test_accumulated_gradient_equals_global_batch_gradient(tmp_path, tiny_world,
 
 
 def test_step_groups_tag_each_micro_batch_with_its_step_target_count():
-    batches = [{"labels": torch.tensor([[1, -100, 3]])}, {"labels": torch.tensor([[-100, -100, 2]])},
-               {"labels": torch.tensor([[4, 5, 6]])}, {"labels": torch.tensor([[7, -100, -100]])},
-               {"labels": torch.tensor([[8, 8, 8]])}]
+    batches = [
+        {"labels": torch.tensor([[1, -100, 3]])},
+        {"labels": torch.tensor([[-100, -100, 2]])},
+        {"labels": torch.tensor([[4, 5, 6]])},
+        {"labels": torch.tensor([[7, -100, -100]])},
+        {"labels": torch.tensor([[8, 8, 8]])},
+    ]
     groups = StepGroups(batches, 2)
     out = list(groups)
     assert len(groups) == len(out) == 4  # the trailing incomplete step is dropped
     assert [int(b[STEP_TARGETS]) for b in out] == [3, 3, 4, 4]
 
 
+def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_world):  # noqa: F811
+    run, resolved = configs.load(tiny_recipe(tmp_path, tiny_world, "t5"))
+    parts = prepare_run(run, resolved)
+    batch = {
+        "input_ids": torch.ones(2, 3, dtype=torch.long),
+        "attention_mask": torch.ones(2, 3),
+        "decoder_attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
+    }
+    out = parts["datamodule"].on_before_batch_transfer(dict(batch), 0)
+    assert "attention_mask" not in out and out["decoder_attention_mask"] is batch["decoder_attention_mask"]
+
+
 def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
-    recipe = tiny_recipe(tmp_path, tiny_world, "gpt",
-                         trainer={"max_steps": 6, "accumulate_grad_batches": 2, "val_check_interval": 3,
-                                  "throughput_window": 2, "peak_flops": 1e12})
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_world,
+        "gpt",
+        trainer={
+            "max_steps": 6,
+            "accumulate_grad_batches": 2,
+            "val_check_interval": 3,
+            "throughput_window": 2,
+            "peak_flops": 1e12,
+        },
+    )
     run, resolved = configs.load(recipe)
     parts = prepare_run(run, resolved)
     trainer = build_trainer(run, resolved)
@@ -112,7 +144,9 @@ def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
     for step, value in metric_by_step(rows, "train/perplexity").items():
         assert value == pytest.approx(math.exp(loss[step]), rel=1e-4)
     tokens_per_step = 4 * 2 * 32  # micro-batch x accumulation x seq_len
-    assert metric_by_step(rows, "train/tokens_seen") == {s: float((s + 1) * tokens_per_step) for s in range(6)}
+    assert metric_by_step(rows, "train/tokens_seen") == {
+        s: float((s + 1) * tokens_per_step) for s in range(6)
+    }
     lr = metric_by_step(rows, "train/lr")
     assert lr[0] == pytest.approx(run.optim.lr / 2) and lr[1] == pytest.approx(run.optim.lr)  # 2 warmup steps
     assert all(0 < a <= 1 for a in metric_by_step(rows, "train/accuracy").values())
@@ -122,7 +156,9 @@ def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
     flops = metric_by_step(rows, "train/device/flops_per_sec")
     assert mfu and all(mfu[s] == pytest.approx(flops[s] / 1e12) for s in mfu)
     model = parts["module"].model
-    assert parts["module"].flops_per_batch == pytest.approx(model.flops_per_token(32) * 32 * 4 / 3)  # last: val
+    assert parts["module"].flops_per_batch == pytest.approx(
+        model.flops_per_token(32) * 32 * 4 / 3
+    )  # last: val
 
 
 def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):  # noqa: F811
@@ -137,8 +173,13 @@ def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):  # noqa: F811
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_reduced_precisions_train(tmp_path, tiny_world, precision):  # noqa: F811
-    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer={"max_steps": 3, "precision": precision},
-                         checkpoint={"save_top_k": 0})
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_world,
+        "gpt",
+        trainer={"max_steps": 3, "precision": precision},
+        checkpoint={"save_top_k": 0},
+    )
     run, resolved = configs.load(recipe)
     parts = prepare_run(run, resolved)
     build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
@@ -150,12 +191,19 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     _, _, _, plain = fit_one_step(tmp_path / "a", tiny_world, "gpt", micro=2, k=1)
-    recipe = tiny_recipe(tmp_path / "b", tiny_world, "gpt", data={"micro_batch_size": 2},
-                         trainer={"max_steps": 1, "activation_checkpointing": True, "gradient_clip_val": None})
+    recipe = tiny_recipe(
+        tmp_path / "b",
+        tiny_world,
+        "gpt",
+        data={"micro_batch_size": 2},
+        trainer={"max_steps": 1, "activation_checkpointing": True, "gradient_clip_val": None},
+    )
     run, resolved = configs.load(recipe)
     parts = prepare_run(run, resolved)
     assert parts["module"].model.gradient_checkpointing
     capture = CaptureGrads()
-    build_trainer(run, resolved, callbacks=[capture], loggers=[]).fit(parts["module"], datamodule=parts["datamodule"])
+    build_trainer(run, resolved, callbacks=[capture], loggers=[]).fit(
+        parts["module"], datamodule=parts["datamodule"]
+    )
     for name, grad in plain.items():
         torch.testing.assert_close(capture.grads[name], grad, msg=name)

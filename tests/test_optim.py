@@ -16,9 +16,18 @@ from pretrain.optim import build_optimizer, build_scheduler, lr_lambda, param_gr
 TINY = {"vocab_size": 64, "d_model": 16, "n_layer": 2, "n_head": 2, "d_ff": 32, "max_seq_len": 16}
 MODELS = {
     "gpt": ModelConfig(arch="decoder", **TINY),
-    "bert": ModelConfig(arch="encoder", type_vocab_size=2, mlm_head_transform=True, lm_head_bias=True, **TINY),
-    "t5": ModelConfig(arch="encoder-decoder", norm="rmsnorm", norm_bias=False, position="relative",
-                      tie_embeddings=False, activation="geglu", **TINY),
+    "bert": ModelConfig(
+        arch="encoder", type_vocab_size=2, mlm_head_transform=True, lm_head_bias=True, **TINY
+    ),
+    "t5": ModelConfig(
+        arch="encoder-decoder",
+        norm="rmsnorm",
+        norm_bias=False,
+        position="relative",
+        tie_embeddings=False,
+        activation="geglu",
+        **TINY,
+    ),
 }
 
 

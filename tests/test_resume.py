@@ -25,10 +25,16 @@ MAX_STEPS = 8
 def resume_recipe(directory, world, kind: str, **sections):
     directory.mkdir()
     return tiny_recipe(
-        directory, world, kind,
+        directory,
+        world,
+        kind,
         model={"dropout": 0.1, **({"attn_dropout": 0.1} if kind == "bert" else {})},
-        trainer={"max_steps": MAX_STEPS, "val_check_interval": 3, "log_every_n_steps": 1,
-                 **sections.pop("trainer", {})},
+        trainer={
+            "max_steps": MAX_STEPS,
+            "val_check_interval": 3,
+            "log_every_n_steps": 1,
+            **sections.pop("trainer", {}),
+        },
         checkpoint={"every_n_steps": 1, "save_top_k": 1, **sections.pop("checkpoint", {})},
         **sections,
     )
@@ -51,8 +57,11 @@ def check_wandb(run_dir, killed_at: int) -> None:
     assert {r.run_id for r in runs} == ids and {r.run_group for r in runs} == {"g"}
     config = {item.key: item.value_json for item in runs[-1].config.update}
     assert '"decoder"' in config["model"] and config["name"] == '"tiny-gpt"'  # the resolved config
-    logged = [{(i.key or "/".join(i.nested_key)): i.value_json for i in r.history.item}
-              for r in records[1] if r.WhichOneof("record_type") == "history"]
+    logged = [
+        {(i.key or "/".join(i.nested_key)): i.value_json for i in r.history.item}
+        for r in records[1]
+        if r.WhichOneof("record_type") == "history"
+    ]
     steps = sorted(int(h["trainer/global_step"]) for h in logged if "train/loss" in h)
     assert steps and steps[0] >= killed_at and steps[-1] == MAX_STEPS - 1  # the second launch continues
     assert any("val/loss" in h for h in logged)
@@ -64,15 +73,18 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
     wandb = {"logger": {"wandb": {"enabled": True, "group": "g"}}} if kind == "gpt" else {}
     full = resume_recipe(tmp_path / "full", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate})
     reference = Background("fit", str(full), log=tmp_path / "full.log")  # runs alongside the killed one
-    killed = resume_recipe(tmp_path / "killed", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate},
-                           **wandb)
+    killed = resume_recipe(
+        tmp_path / "killed", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate}, **wandb
+    )
     step = fit_and_kill(killed, tmp_path / "killed" / "run", kill_at_step=random.randint(2, MAX_STEPS - 3))
     assert step < MAX_STEPS
     out = run_cli("fit", str(killed))  # resume=auto is the default
     assert f"steps: {MAX_STEPS}" in out.stdout
     reference.wait()
-    assert_same_weights(model_weights(tmp_path / "full/run/checkpoints/last.ckpt"),
-                        model_weights(tmp_path / "killed/run/checkpoints/last.ckpt"))
+    assert_same_weights(
+        model_weights(tmp_path / "full/run/checkpoints/last.ckpt"),
+        model_weights(tmp_path / "killed/run/checkpoints/last.ckpt"),
+    )
     # both launches together logged the uninterrupted run's losses (steps after the kill logged once more)
     full_loss = metric_by_step(read_metrics(tmp_path / "full/run"), "train/loss")
     assert metric_by_step(read_metrics(tmp_path / "killed/run"), "train/loss") == full_loss
@@ -81,8 +93,13 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
 
 
 def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_path, tiny_world):  # noqa: F811
-    recipe = resume_recipe(tmp_path / "run", tiny_world, "gpt", trainer={"max_steps": 4, "val_check_interval": 2},
-                           checkpoint={"every_n_steps": 100, "save_top_k": 2})
+    recipe = resume_recipe(
+        tmp_path / "run",
+        tiny_world,
+        "gpt",
+        trainer={"max_steps": 4, "val_check_interval": 2},
+        checkpoint={"every_n_steps": 100, "save_top_k": 2},
+    )
     run_cli("fit", str(recipe))
     checkpoints = tmp_path / "run/run/checkpoints"
     reference = model_weights(checkpoints / "last.ckpt")

@@ -37,8 +37,11 @@ def test_ddp_strategy():
 def test_fsdp_strategy_wraps_blocks(checkpointing):
     from torch.distributed.fsdp import ShardingStrategy
 
-    run, _ = load("strategy.name=fsdp", "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
-                  f"trainer.activation_checkpointing={str(checkpointing).lower()}")
+    run, _ = load(
+        "strategy.name=fsdp",
+        "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
+        f"trainer.activation_checkpointing={str(checkpointing).lower()}",
+    )
     strategy = build_strategy(run, {Block})
     assert isinstance(strategy, FSDPStrategy)
     assert strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
@@ -52,13 +55,16 @@ def test_fsdp_recipe_piece():
     assert run.strategy.name == "fsdp" and run.strategy.fsdp.sharding_strategy == "FULL_SHARD"
 
 
-@pytest.mark.parametrize(("piece", "stage", "optimizer", "params"), [
-    ("deepspeed_zero1", 1, False, False),
-    ("deepspeed_zero2", 2, False, False),
-    ("deepspeed_zero2_offload", 2, True, False),
-    ("deepspeed_zero3", 3, False, False),
-    ("deepspeed_zero3_offload", 3, True, True),
-])
+@pytest.mark.parametrize(
+    ("piece", "stage", "optimizer", "params"),
+    [
+        ("deepspeed_zero1", 1, False, False),
+        ("deepspeed_zero2", 2, False, False),
+        ("deepspeed_zero2_offload", 2, True, False),
+        ("deepspeed_zero3", 3, False, False),
+        ("deepspeed_zero3_offload", 3, True, True),
+    ],
+)
 def test_deepspeed_configs(tmp_path, piece, stage, optimizer, params):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"defaults: [model/gpt-tiny, strategy/{piece}]\n")
@@ -71,10 +77,14 @@ def test_deepspeed_configs(tmp_path, piece, stage, optimizer, params):
 
 
 def test_bad_deepspeed_settings():
-    run, _ = load("strategy.name=deepspeed", "strategy.deepspeed.stage=1", "strategy.deepspeed.offload_optimizer=true")
+    run, _ = load(
+        "strategy.name=deepspeed", "strategy.deepspeed.stage=1", "strategy.deepspeed.offload_optimizer=true"
+    )
     with pytest.raises(ValueError, match="needs ZeRO stage 2 or 3"):
         deepspeed_config(run)
-    run, _ = load("strategy.name=deepspeed", "strategy.deepspeed.stage=2", "strategy.deepspeed.offload_parameters=true")
+    run, _ = load(
+        "strategy.name=deepspeed", "strategy.deepspeed.stage=2", "strategy.deepspeed.offload_parameters=true"
+    )
     with pytest.raises(ValueError, match="needs ZeRO stage 3"):
         deepspeed_config(run)
     with pytest.raises(ValueError, match="compile is not supported"):
@@ -102,8 +112,9 @@ def test_wandb_is_offline_unless_configured(monkeypatch):
 def test_loggers(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    run, resolved = load(f"run_dir={tmp_path}", "logger.tensorboard=true", "logger.wandb.group=g",
-                         "logger.wandb.tags=[a,b]")
+    run, resolved = load(
+        f"run_dir={tmp_path}", "logger.tensorboard=true", "logger.wandb.group=g", "logger.wandb.tags=[a,b]"
+    )
     loggers = build_loggers(run, resolved, wandb_id="abcd1234")
     assert [type(x) for x in loggers] == [WandbLogger, CSVLogger, TensorBoardLogger]
     import os
@@ -112,15 +123,24 @@ def test_loggers(tmp_path, monkeypatch):
     wandb = loggers[0]
     assert wandb._experiment is None  # nothing starts before training
     assert wandb._wandb_init["config"] == resolved
-    assert wandb._id == "abcd1234" and wandb._wandb_init["group"] == "g" and wandb._wandb_init["tags"] == ["a", "b"]
+    assert (
+        wandb._id == "abcd1234"
+        and wandb._wandb_init["group"] == "g"
+        and wandb._wandb_init["tags"] == ["a", "b"]
+    )
     assert wandb._wandb_init["name"] == "gpt-tiny"
     assert Path(loggers[1].log_dir).parent == tmp_path / "logs"
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true", "16-mixed"])
 def test_trainer(tmp_path, precision):
-    run, resolved = load(f"run_dir={tmp_path}", f"trainer.precision={precision}", "trainer.accumulate_grad_batches=4",
-                         "trainer.val_check_interval=50", "logger.wandb.enabled=false")
+    run, resolved = load(
+        f"run_dir={tmp_path}",
+        f"trainer.precision={precision}",
+        "trainer.accumulate_grad_batches=4",
+        "trainer.val_check_interval=50",
+        "logger.wandb.enabled=false",
+    )
     trainer = build_trainer(run, resolved)
     assert trainer.precision == ("bf16-mixed" if precision == "16-mixed" else precision)  # no fp16 AMP on CPU
     assert trainer.accumulate_grad_batches == 4

@@ -22,12 +22,33 @@ CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 
 TINY_MODEL = {
     "gpt": {"arch": "decoder", "n_layer": 2, "position": "learned", "init": "gpt2"},
-    "bert": {"arch": "encoder", "n_layer": 2, "norm_position": "post", "embedding_norm": True,
-             "activation": "gelu", "mlm_head_transform": True, "lm_head_bias": True, "init": "bert"},
-    "t5": {"arch": "encoder-decoder", "n_layer": 2, "n_decoder_layer": 1, "norm": "rmsnorm", "norm_bias": False,
-           "position": "relative", "activation": "geglu_tanh", "mlp_bias": False, "attn_bias": False,
-           "attn_scale": "none", "tie_embeddings": False, "init": "t5", "pad_token_id": 0,
-           "decoder_start_token_id": 0, "eos_token_id": 2},
+    "bert": {
+        "arch": "encoder",
+        "n_layer": 2,
+        "norm_position": "post",
+        "embedding_norm": True,
+        "activation": "gelu",
+        "mlm_head_transform": True,
+        "lm_head_bias": True,
+        "init": "bert",
+    },
+    "t5": {
+        "arch": "encoder-decoder",
+        "n_layer": 2,
+        "n_decoder_layer": 1,
+        "norm": "rmsnorm",
+        "norm_bias": False,
+        "position": "relative",
+        "activation": "geglu_tanh",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "attn_scale": "none",
+        "tie_embeddings": False,
+        "init": "t5",
+        "pad_token_id": 0,
+        "decoder_start_token_id": 0,
+        "eos_token_id": 2,
+    },
 }
 OBJECTIVE = {"gpt": "clm", "bert": "mlm", "t5": "span_corruption"}
 
@@ -56,15 +77,30 @@ def tiny_recipe(directory: Path, world: dict[str, Path], kind: str = "gpt", **se
         "name": f"tiny-{kind}",
         "run_dir": str(directory / "run"),
         "seed": 7,
-        "model": {"vocab_size": 512, "d_model": 32, "n_head": 2, "d_ff": 64, "max_seq_len": 64,
-                  "dropout": 0.0, **TINY_MODEL[kind]},
+        "model": {
+            "vocab_size": 512,
+            "d_model": 32,
+            "n_head": 2,
+            "d_ff": 64,
+            "max_seq_len": 64,
+            "dropout": 0.0,
+            **TINY_MODEL[kind],
+        },
         "objective": {"name": OBJECTIVE[kind]},
         "tokenizer": {"path": str(world["tokenizer"])},
-        "data": {"sources": [{"name": "tiny", "prepared": str(world["data"])}], "seq_len": 32,
-                 "micro_batch_size": 4},
+        "data": {
+            "sources": [{"name": "tiny", "prepared": str(world["data"])}],
+            "seq_len": 32,
+            "micro_batch_size": 4,
+        },
         "optim": {"warmup_steps": 2},
-        "trainer": {"max_steps": 10, "val_check_interval": 5, "limit_val_batches": 2, "log_every_n_steps": 1,
-                    "progress_bar": False},
+        "trainer": {
+            "max_steps": 10,
+            "val_check_interval": 5,
+            "limit_val_batches": 2,
+            "log_every_n_steps": 1,
+            "progress_bar": False,
+        },
         "logger": {"wandb": {"enabled": False}, "csv": True},
         "checkpoint": {"every_n_steps": 5, "save_top_k": 1},
     }
@@ -84,13 +120,23 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
 
 
-def run_cli(*args: str, cwd: Path = REPO_ROOT, timeout: float = 600, check: bool = True,
-            **env: str) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path = REPO_ROOT, timeout: float = 600, check: bool = True, **env: str
+) -> subprocess.CompletedProcess:
     """Run ``pretrain *args``; on an unexpected status the failure shows the output."""
-    proc = subprocess.run(cli_command(*args), cwd=cwd, env=cli_env(**env), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        cli_command(*args),
+        cwd=cwd,
+        env=cli_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"pretrain {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"pretrain {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -100,13 +146,15 @@ class Background:
     def __init__(self, *args: str, log: Path):
         self.args, self.log = args, log
         with open(log, "w") as out:
-            self.proc = subprocess.Popen(cli_command(*args), cwd=REPO_ROOT, env=cli_env(), stdout=out,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cli_command(*args), cwd=REPO_ROOT, env=cli_env(), stdout=out, stderr=subprocess.STDOUT
+            )
 
     def wait(self, timeout: float = 600) -> None:
         if self.proc.wait(timeout) != 0:
-            raise AssertionError(f"pretrain {' '.join(self.args)} exited {self.proc.returncode}:\n"
-                                 f"{self.log.read_text()}")
+            raise AssertionError(
+                f"pretrain {' '.join(self.args)} exited {self.proc.returncode}:\n{self.log.read_text()}"
+            )
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:
@@ -137,8 +185,14 @@ def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float 
     ``last.ckpt`` holds step >= ``kill_at_step``; the kill lands wherever training then is. Returns that step."""
     last = run_dir / "checkpoints" / "last.ckpt"
     with open(run_dir.parent / "killed.log", "w") as log:
-        proc = subprocess.Popen(cli_command("fit", str(recipe)), cwd=REPO_ROOT, env=cli_env(), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cli_command("fit", str(recipe)),
+            cwd=REPO_ROOT,
+            env=cli_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         try:
             while proc.poll() is None and time.monotonic() < deadline:
@@ -152,8 +206,10 @@ def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float 
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    raise AssertionError(f"the run ended (status {proc.returncode}) before step {kill_at_step} could be killed; "
-                         f"see {run_dir.parent / 'killed.log'}")
+    raise AssertionError(
+        f"the run ended (status {proc.returncode}) before step {kill_at_step} could be killed; "
+        f"see {run_dir.parent / 'killed.log'}"
+    )
 
 
 def model_weights(checkpoint: Path) -> dict:
