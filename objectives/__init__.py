@@ -1,7 +1,9 @@
 """Pretraining objectives: pure, seeded functions of a packed batch of token ids (see ``objectives.base``).
 
 ``build(name, tokenizer, **options)`` returns one by name: ``clm`` (GPT), ``mlm`` (BERT/RoBERTa),
-``span_corruption`` (T5), ``prefix_lm``, ``ul2`` (UL2 mixture of denoisers).
+``span_corruption`` (T5), ``prefix_lm``, ``ul2`` (UL2 mixture of denoisers), ``sgns`` (word2vec skip-gram /
+CBOW with negative sampling). GloVe (``objectives.glove.GloVe``) fits a co-occurrence matrix, not token batches,
+so it is not built by name.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ import inspect
 
 from objectives.base import Objective
 from objectives.clm import CausalLM
+from objectives.glove import GloVe
 from objectives.loss import IGNORE_INDEX, global_mean, micro_batch_loss, token_cross_entropy
 from objectives.mlm import MaskedLM
 from objectives.prefix_lm import PrefixLM
+from objectives.sgns import SkipGram
 from objectives.span_corruption import SpanCorruption
 from objectives.ul2 import UL2
 
 OBJECTIVES: dict[str, type[Objective]] = {
-    cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, PrefixLM, UL2)
+    cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, PrefixLM, UL2, SkipGram)
 }
 
 
@@ -47,9 +51,11 @@ __all__ = [
     "OBJECTIVES",
     "UL2",
     "CausalLM",
+    "GloVe",
     "MaskedLM",
     "Objective",
     "PrefixLM",
+    "SkipGram",
     "SpanCorruption",
     "build",
     "global_mean",

@@ -119,7 +119,7 @@ def test_outputs_are_forward_kwargs_plus_labels(key):
 def test_build_rejects_unknown_names_and_options():
     tok = tiny_tokenizer()
     with pytest.raises(
-        ValueError, match=r"valid objectives: \['clm', 'mlm', 'prefix_lm', 'span_corruption', 'ul2'\]"
+        ValueError, match=r"valid objectives: \['clm', 'mlm', 'prefix_lm', 'sgns', 'span_corruption', 'ul2'\]"
     ):
         objectives.build("bert", tok)
     with pytest.raises(ValueError, match=r"unknown options \['mask_prob'\].*mlm_probability"):
