@@ -1,0 +1,95 @@
+"""The tiny recipes train through the CLI on the shipped corpus and beat the unigram baseline; demo.sh runs."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+from training_utils import REPO_ROOT, Background, cli_env, metric_by_step, read_metrics, run_cli
+
+from datamodules.indexed import IndexedDataset
+
+# optimizer steps per recipe (the recipes' own batch and model); the three run side by side
+STEPS = {"gpt-tiny": 60, "t5-tiny": 80, "bert-tiny": 300}
+
+
+def unigram_entropy(tokens: np.ndarray) -> float:
+    """H = -sum_v p(v) log p(v) in nats: the loss of the best context-free predictor of a token."""
+    p = np.bincount(tokens) / len(tokens)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+@pytest.fixture(scope="module")
+def shakespeare(tmp_path_factory) -> dict:
+    """The recipes' tokenizer and prepared corpus, made by `pretrain tokenizer` / `pretrain prepare`."""
+    root = tmp_path_factory.mktemp("shakespeare")
+    paths = [f"tokenizer.path={root / 'tokenizer.json'}", f"data.sources.0.prepared={root / 'data'}"]
+    run_cli("tokenizer", "recipes/gpt-tiny.yaml", *paths)
+    run_cli("prepare", "recipes/gpt-tiny.yaml", *paths)
+    tokens = np.asarray(IndexedDataset(root / "data" / "train").tokens)
+    return {"root": root, "paths": paths, "unigram": unigram_entropy(tokens)}
+
+
+@pytest.fixture(scope="module")
+def trained(shakespeare) -> dict:
+    runs = {}
+    for recipe, steps in STEPS.items():
+        run_dir = shakespeare["root"] / recipe
+        runs[recipe] = (
+            run_dir,
+            Background(
+                "fit",
+                f"recipes/{recipe}.yaml",
+                *shakespeare["paths"],
+                f"run_dir={run_dir}",
+                f"trainer.max_steps={steps}",
+                f"trainer.val_check_interval={steps}",
+                "trainer.progress_bar=false",
+                "logger.wandb.enabled=false",
+                "checkpoint.save_top_k=0",
+                log=shakespeare["root"] / f"{recipe}.log",
+            ),
+        )
+    for run_dir, background in runs.values():
+        background.wait(timeout=1800)
+    return {recipe: run_dir for recipe, (run_dir, _) in runs.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(STEPS))
+def test_tiny_recipe_beats_the_unigram_baseline(shakespeare, trained, recipe):
+    val = metric_by_step(read_metrics(trained[recipe]), "val/loss")
+    assert list(val) == [STEPS[recipe] - 1]
+    baseline = shakespeare["unigram"]
+    assert 5.0 < baseline < 7.0  # a 1024-token BPE on English text
+    assert val[STEPS[recipe] - 1] < baseline - 0.1, (recipe, val, baseline)  # 10% lower perplexity at least
+
+
+@pytest.mark.slow
+def test_demo_script_runs_end_to_end(shakespeare, tmp_path):
+    out = subprocess.run(
+        [
+            "bash",
+            "recipes/demo.sh",
+            *shakespeare["paths"],
+            f"run_dir={tmp_path / 'run'}",
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=3",
+            "trainer.limit_val_batches=1",
+            "data.micro_batch_size=2",
+        ],
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "reusing it" in out.stdout and "prepared tinyshakespeare" in out.stdout
+    assert "== pretrain fit: done ==" in out.stdout and "W&B run:" in out.stdout
+    assert "--- sample 0 ---\nROMEO:" in out.stdout
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
