@@ -1,4 +1,5 @@
-"""The ``pretrain`` command: ``fit``, ``validate``, ``generate``, ``export``, ``tokenizer``, ``prepare``.
+"""The ``pretrain`` command: ``fit``, ``validate``, ``generate``, ``export``, ``tokenizer``, ``prepare``, and the
+later stages ``finetune``, ``evaluate`` and ``baseline``.
 
     pretrain tokenizer recipes/gpt-tiny.yaml                  # train the recipe's BPE tokenizer (or reuse it)
     pretrain prepare recipes/gpt-tiny.yaml                    # raw text -> token shards
@@ -6,15 +7,20 @@
     pretrain validate recipes/gpt-tiny.yaml                   # validation loss of the newest checkpoint
     pretrain generate runs/gpt-tiny/checkpoints/last.ckpt --prompt "ROMEO:" --top-k 50
     pretrain export runs/gpt-tiny/checkpoints/last.ckpt runs/gpt-tiny/hf
+    pretrain finetune recipes/finetune-sst2-minilm.yaml
+    pretrain evaluate runs/gpt-tiny/checkpoints/last.ckpt --tasks copa --num-fewshot 3 --data-root DIR
+    pretrain baseline recipes/lstm-lm-tiny.yaml
 
 Recipe commands take ``key=value`` overrides after the recipe. Bad input exits with status 2 and one line
-naming the problem, before any heavy work. New subcommands register in ``COMMANDS``.
+naming the problem, before any heavy work. New subcommands register in ``COMMANDS`` (handlers here) or
+``EXTERNAL_COMMANDS`` (a module with ``add_arguments`` and a handler).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import os
 import secrets
 import string
@@ -299,6 +305,21 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "prepare": (cmd_prepare, "tokenize the recipe's raw text into train/val token shards"),
 }
 
+# Stages that live in their own modules: name -> (module, handler, help). Each module has ``add_arguments``.
+EXTERNAL_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "finetune": (
+        "pretrain.finetune",
+        "cmd_finetune",
+        "finetune a pretrained or Hugging Face backbone on a downstream task (heads, T5 text-to-text)",
+    ),
+    "evaluate": ("pretrain.evaluation.cli", "run", "few-shot in-context and perplexity evaluation of a checkpoint"),
+    "baseline": (
+        "pretrain.baselines",
+        "cmd_baseline",
+        "train and evaluate a classic baseline recipe (SGNS, GloVe, LSTM LM, seq2seq with attention)",
+    ),
+}
+
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe YAML, e.g. recipes/gpt-tiny.yaml")
@@ -333,6 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = parsers["export"]
     e.add_argument("checkpoint", help="a .ckpt (or a sharded FSDP/DeepSpeed checkpoint directory)")
     e.add_argument("out_dir", help="output directory (config.json, model.safetensors, tokenizer)")
+    for name, (module, handler, text) in EXTERNAL_COMMANDS.items():
+        stage = importlib.import_module(module)
+        parser_ = sub.add_parser(name, help=text, description=text)
+        stage.add_arguments(parser_)
+        parser_.set_defaults(stage_handler=getattr(stage, handler))
     return parser
 
 
@@ -345,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     try:
-        return COMMANDS[args.command][0](args)
+        handler = getattr(args, "stage_handler", None) or COMMANDS[args.command][0]
+        return handler(args)
     except (ValueError, FileNotFoundError) as err:
         if os.environ.get("PRETRAIN_TRACEBACK"):
             raise

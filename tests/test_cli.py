@@ -12,7 +12,7 @@ import torch
 from training_utils import REPO_ROOT, cli_env, tiny_recipe, tiny_world  # noqa: F401
 
 from pretrain.checkpoint import PAYLOAD, AtomicCheckpointIO, read
-from pretrain.cli import COMMANDS, main
+from pretrain.cli import COMMANDS, EXTERNAL_COMMANDS, main
 from pretrain.config import ModelConfig
 
 
@@ -31,7 +31,7 @@ def trained(tmp_path_factory, tiny_world):  # noqa: F811
     return {"recipe": recipe, "ckpt": directory / "run" / "checkpoints" / "last.ckpt", "dir": directory}
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted([*COMMANDS, *EXTERNAL_COMMANDS]))
 def test_every_subcommand_has_help(capsys, command):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
@@ -214,6 +214,12 @@ def test_generate_encoder_decoder(tmp_path, capsys, tiny_world):  # noqa: F811
         "5",
     )
     assert status == 0 and "--- sample 0 ---" in out
+
+
+@pytest.mark.parametrize("command", sorted(EXTERNAL_COMMANDS))
+def test_later_stages_report_bad_input_through_the_cli(command, capsys):
+    assert main([command, "recipes/does-not-exist.yaml"]) == 2
+    assert f"pretrain {command}: error:" in capsys.readouterr().err
 
 
 def test_missing_recipe(capsys):
