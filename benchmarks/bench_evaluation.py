@@ -27,12 +27,12 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from datamodules.tokenizer import train_bpe  # noqa: E402
-from pretrain.config import ModelConfig  # noqa: E402
-from pretrain.evaluation.models import load_scorer  # noqa: E402
-from pretrain.evaluation.perplexity import loglikelihood_rolling  # noqa: E402
-from pretrain.hf import save_hf  # noqa: E402
-from pretrain.model import Transformer  # noqa: E402
+from datamodules.tokenizer import train_bpe
+from pretrain.config import ModelConfig
+from pretrain.evaluation.models import load_scorer
+from pretrain.evaluation.perplexity import loglikelihood_rolling
+from pretrain.hf import save_hf
+from pretrain.model import Transformer
 
 CORPUS = Path(__file__).resolve().parents[1] / "recipes" / "data" / "tinyshakespeare.txt"
 

@@ -60,7 +60,6 @@ from pretrain.word_vectors import (
     word_tokenizer,
 )
 
-
 # ---------------------------------------------------------------------------------------------- configuration
 
 
