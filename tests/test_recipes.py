@@ -93,3 +93,23 @@ def test_demo_script_runs_end_to_end(shakespeare, tmp_path):
     assert "--- sample 0 ---\nROMEO:" in out.stdout
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+@pytest.mark.parametrize("recipe", ["ul2-tiny", "prefixlm-tiny"])
+def test_ul2_and_prefix_lm_recipes_train(shakespeare, tmp_path, recipe):
+    from pretrain.cli import main
+
+    args = [
+        *shakespeare["paths"],
+        f"run_dir={tmp_path}",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=1",
+        "trainer.log_every_n_steps=1",
+        "data.micro_batch_size=2",
+        "logger.wandb.enabled=false",
+    ]
+    assert main(["fit", str(REPO_ROOT / "recipes" / f"{recipe}.yaml"), *args]) == 0
+    losses = metric_by_step(read_metrics(tmp_path), "train/loss")
+    assert sorted(losses) == [0, 1, 2] and all(np.isfinite(v) for v in losses.values())
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()

@@ -157,11 +157,11 @@ class Background:
             )
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+def read_metrics(run_dir: Path, newest_only: bool = False) -> list[dict[str, str]]:
     """Rows of every ``logs/version_*/metrics.csv`` of a run (one version per launch), in launch order."""
     rows = []
     versions = sorted((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    for version in versions:
+    for version in versions[-1:] if newest_only else versions:
         if (version / "metrics.csv").is_file():  # a killed launch may not have flushed any
             with open(version / "metrics.csv", newline="") as f:
                 rows.extend(csv.DictReader(f))
