@@ -326,7 +326,8 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. trainer.max_steps=100")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; a later stage's module is imported (and its arguments added) only for ``command``."""
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parsers = {
@@ -355,15 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("checkpoint", help="a .ckpt (or a sharded FSDP/DeepSpeed checkpoint directory)")
     e.add_argument("out_dir", help="output directory (config.json, model.safetensors, tokenizer)")
     for name, (module, handler, text) in EXTERNAL_COMMANDS.items():
-        stage = importlib.import_module(module)
-        parser_ = sub.add_parser(name, help=text, description=text)
-        stage.add_arguments(parser_)
-        parser_.set_defaults(stage_handler=getattr(stage, handler))
+        stage_parser = sub.add_parser(name, help=text, description=text)
+        if name == command:
+            stage = importlib.import_module(module)
+            stage.add_arguments(stage_parser)
+            stage_parser.set_defaults(stage_handler=getattr(stage, handler))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((arg for arg in argv if not arg.startswith("-")), None))
     args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow --flags
     unknown = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
     if unknown:
