@@ -31,7 +31,7 @@ def resume_recipe(directory, world, kind: str, **sections):
         model={"dropout": 0.1, **({"attn_dropout": 0.1} if kind == "bert" else {})},
         trainer={
             "max_steps": MAX_STEPS,
-            "val_check_interval": 3,
+            "val_check_interval": MAX_STEPS // 2,  # the last step validates, whichever launch runs it
             "log_every_n_steps": 1,
             **sections.pop("trainer", {}),
         },
