@@ -3,7 +3,7 @@
     from pretrain.evaluation import evaluate, load_scorer, load_task
 
     scorer = load_scorer("runs/gpt-tiny", batch_size=16)
-    tasks = [load_task("configs/eval/copa.yaml", data_root="../shared/data", overrides={"num_fewshot": 5})]
+    tasks = [load_task("configs/eval/copa.yaml", data_root="/data/llm-eval", overrides={"num_fewshot": 5})]
     results = evaluate(scorer, tasks, seed=1234)
 
 Modules: ``tasks`` (YAML task files, JSONL validation), ``prompts`` (k-shot prompts, seeded sampler),
