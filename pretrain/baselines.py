@@ -903,18 +903,10 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pretrain.baselines", description=__doc__.split("\n\n")[0]
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return cmd_baseline(args)
-    except (ValueError, FileNotFoundError) as err:
-        if os.environ.get("PRETRAIN_TRACEBACK"):
-            raise
-        print(f"baseline: error: {err}", file=sys.stderr)
-        return 2
+    """``python -m pretrain.baselines RECIPE ...`` is ``pretrain baseline RECIPE ...``."""
+    from pretrain.cli import main as cli_main
+
+    return cli_main(["baseline", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
