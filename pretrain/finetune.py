@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -711,15 +710,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pretrain.finetune RECIPE [key=value ...]`` (the same as ``pretrain finetune``)."""
-    args = add_arguments(argparse.ArgumentParser(prog="pretrain finetune")).parse_args(argv)
-    try:
-        return cmd_finetune(args)
-    except (ValueError, FileNotFoundError) as err:
-        if os.environ.get("PRETRAIN_TRACEBACK"):
-            raise
-        print(f"pretrain finetune: error: {err}", file=sys.stderr)
-        return 2
+    """``python -m pretrain.finetune RECIPE [key=value ...]`` is ``pretrain finetune RECIPE ...``."""
+    from pretrain.cli import main as cli_main
+
+    return cli_main(["finetune", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

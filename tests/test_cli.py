@@ -41,8 +41,7 @@ def test_every_subcommand_has_help(capsys, command):
 
 def test_console_script():
     script = shutil.which("pretrain")
-    if script is None:
-        pytest.skip("the package is not installed (pip install -e .)")
+    assert script is not None, "the console script is missing: `make install` installs the package (pip install -e .)"
     out = subprocess.run([script, "--help"], capture_output=True, text=True, env=cli_env(), check=True).stdout
     assert all(name in out for name in COMMANDS)
 

