@@ -52,10 +52,10 @@ def loader_tokens_per_s(dm: PretrainDataModule, num_batches: int) -> float:
 
 
 def model_tokens_per_s(batch: dict[str, torch.Tensor], vocab_size: int, steps: int) -> float | None:
-    """Training tokens/s of the tiny GPT (None when pretrain.model is not available)."""
+    """Training tokens/s of the tiny GPT (None when pretrain.models.transformer is not available)."""
     try:
-        from pretrain.config import ModelConfig
-        from pretrain.model import Transformer
+        from pretrain.models.config import ModelConfig
+        from pretrain.models.transformer import Transformer
     except ImportError:
         return None
     config = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "model" / "gpt-tiny.yaml"))
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             line += f"  = {rate / model:,.0f}x the tiny GPT's training step"
         print(line)
     if model is None:
-        print("pretrain.model not available: loader speed only")
+        print("pretrain.models.transformer not available: loader speed only")
     else:
         print(f"tiny GPT training step: {model:,.0f} tokens/s (target: loader >= 100x)")
     sys.stdout.flush()

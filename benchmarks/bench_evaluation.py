@@ -1,6 +1,6 @@
 """Evaluation speed vs lm-evaluation-harness's ``hf`` model on the same exported weights, in one run.
 
-A random GPT-2-shaped model of ours is exported with ``pretrain.hf.save_hf`` (plus a BPE tokenizer trained on
+A random GPT-2-shaped model of ours is exported with ``pretrain.models.hf.save_hf`` (plus a BPE tokenizer trained on
 the shipped corpus); lm-eval's ``HFLM`` loads that directory, our ``LMScorer`` loads it through ``from_hf``.
 Both score the same requests back to back (order alternating per round):
 - loglikelihood: 2-shot multiple-choice requests built from Shakespeare lines (context, " " + choice);
@@ -28,11 +28,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from datamodules.tokenizer import train_bpe
-from pretrain.config import ModelConfig
 from pretrain.evaluation.models import load_scorer
 from pretrain.evaluation.perplexity import loglikelihood_rolling
-from pretrain.hf import save_hf
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.hf import save_hf
+from pretrain.models.transformer import Transformer
 
 CORPUS = Path(__file__).resolve().parents[1] / "recipes" / "data" / "tinyshakespeare.txt"
 

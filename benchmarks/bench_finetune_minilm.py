@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from pretrain.finetune import load_config, run
+from pretrain.finetuning.run import load_config, run
 
 
 def main() -> None:

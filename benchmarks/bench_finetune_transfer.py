@@ -20,9 +20,9 @@ from pathlib import Path
 
 from datamodules.finetune import read_table
 from pretrain import cli
-from pretrain.checkpoint import payload
-from pretrain.config import ModelConfig
-from pretrain.finetune import load_config, run
+from pretrain.finetuning.run import load_config, run
+from pretrain.models.config import ModelConfig
+from pretrain.training.checkpoint import payload
 
 REPO = Path(__file__).resolve().parents[1]
 

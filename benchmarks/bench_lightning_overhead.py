@@ -24,11 +24,11 @@ from lightning.pytorch.callbacks import Callback
 
 from datamodules.prepare import prepare
 from datamodules.tokenizer import train_bpe
-from pretrain import configs
-from pretrain.cli import build_data, prepare_run
-from pretrain.module import STEP_TARGETS
-from pretrain.optim import build_optimizer, build_scheduler
-from pretrain.trainer import build_loggers, build_trainer
+from pretrain import config
+from pretrain.training.module import STEP_TARGETS
+from pretrain.training.optim import build_optimizer, build_scheduler
+from pretrain.training.setup import build_data, prepare_run
+from pretrain.training.trainer import build_loggers, build_trainer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 5  # steps excluded from the timing (allocator warm-up, first-call costs)
@@ -75,7 +75,7 @@ def overrides(work: Path, args: argparse.Namespace, tag: str) -> list[str]:
 
 
 def lightning_run(work: Path, args: argparse.Namespace, tag: str) -> tuple[float, float]:
-    run, resolved = configs.load(REPO_ROOT / "recipes" / "gpt-tiny.yaml", overrides(work, args, tag))
+    run, resolved = config.load(REPO_ROOT / "recipes" / "gpt-tiny.yaml", overrides(work, args, tag))
     parts = prepare_run(run, resolved)
     clock = StepClock()
     trainer = build_trainer(run, resolved, callbacks=[clock], loggers=build_loggers(run, resolved, None))
@@ -85,7 +85,7 @@ def lightning_run(work: Path, args: argparse.Namespace, tag: str) -> tuple[float
 
 def plain_run(work: Path, args: argparse.Namespace, tag: str) -> tuple[float, float]:
     """The same step by hand: forward, sum of token losses / targets, backward, clip, AdamW, schedule."""
-    run, resolved = configs.load(REPO_ROOT / "recipes" / "gpt-tiny.yaml", overrides(work, args, tag))
+    run, resolved = config.load(REPO_ROOT / "recipes" / "gpt-tiny.yaml", overrides(work, args, tag))
     parts = prepare_run(run, resolved)
     model, objective = parts["module"].model, parts["module"].objective
     optimizer = build_optimizer(model, run.optim)

@@ -1,7 +1,7 @@
 """Backbone speed vs transformers' GPT-2, BERT (MLM) and T5 at the same small CPU config, same weights, one run.
 
 Each peer is a randomly initialised transformers model (dropout 0, its default SDPA attention); ours is
-``pretrain.hf.from_hf(peer)``, so both compute the same function. Per round and family, ours and the peer are
+``pretrain.models.hf.from_hf(peer)``, so both compute the same function. Per round and family, ours and the peer are
 timed back to back (order alternating) on
 - train: forward + cross-entropy + backward + AdamW step (fused, same for both), tokens/s;
 - infer: no-grad forward, tokens/s.
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
 
-from pretrain.hf import from_hf
+from pretrain.models.hf import from_hf
 
 L, H, D, V = 4, 4, 256, 8192
 

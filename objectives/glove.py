@@ -5,7 +5,7 @@ Co-occurrence (``cooccurrence``), as glove's ``cooccur.c``: tokens outside the v
 pair of vocabulary tokens at distance ``1 <= d <= window`` within a document adds ``1/d`` to ``X[w_left,
 w_right]`` (and to ``X[w_right, w_left]`` when ``symmetric``).
 
-Loss over the non-zero entries (the model is ``pretrain.word_vectors.GloVeModel``)::
+Loss over the non-zero entries (the model is ``pretrain.models.word_vectors.GloVeModel``)::
 
     J = Σ_ij f(X_ij) (w_i · w̃_j + b_i + b̃_j - log X_ij)^2,   f(x) = (x / x_max)^α if x < x_max else 1
 

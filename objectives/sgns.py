@@ -14,7 +14,7 @@ On a packed batch of raw token ids ``(B, L)`` (the prepared corpus, as every obj
 Batch keys (N examples): ``input_ids (N, C)`` (C = 1 center for skip-gram, C = 2m contexts for CBOW) with
 ``input_mask (N, C)``; negative sampling adds ``candidates (N, 1+k)`` = [target, noise...] and
 ``labels (N, 1+k)`` = [1, 0, ...]; the full softmax has ``labels (N,)`` = target ids. The model
-(``pretrain.word_vectors.Word2Vec``) scores candidates (or the whole vocabulary) as ``u_x · v_c``.
+(``pretrain.models.word_vectors.Word2Vec``) scores candidates (or the whole vocabulary) as ``u_x · v_c``.
 
 Losses per example: negative sampling ``-log σ(u_o·v_c) - Σ_k log σ(-u_k·v_c)``; full softmax
 ``-log softmax(U v_c)_o``, whose gradient with respect to v_c is ``-(u_o - Σ_x P(x|c) u_x)``.

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pretrain() { "${PYTHON:-python3}" -m pretrain.cli "$@"; }
+pretrain() { "${PYTHON:-python3}" -m pretrain "$@"; }
 RECIPE=recipes/gpt-tiny.yaml
 
 pretrain tokenizer "$RECIPE" "$@"

@@ -13,17 +13,17 @@ import torch
 from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one thread)
 
 import objectives
-from pretrain.baselines import (
+from pretrain.baselines.run import (
     StreamBatches,
     load,
-    main,
     pad_pairs,
     run_recipe,
     save_alignment,
     stream_perplexity,
 )
-from pretrain.rnn import RNNConfig, RNNLanguageModel
-from pretrain.word_vectors import WordVectors, word_tokenizer
+from pretrain.cli import main as cli_main
+from pretrain.models.rnn import RNNConfig, RNNLanguageModel
+from pretrain.models.word_vectors import WordVectors, word_tokenizer
 
 QUIET = [
     "logger.wandb.enabled=false",
@@ -199,9 +199,9 @@ def test_bad_recipes_fail_before_training(corpus, capsys):
         run_recipe("recipes/glove-tiny.yaml", small(corpus, "glove-empty", "baselines.min_count=1000000"))
     with pytest.raises(ValueError, match="train with objective clm"):
         run_recipe("recipes/lstm-lm-tiny.yaml", small(corpus, "lstm-mlm", "objective.name=mlm"))
-    assert main(["recipes/sgns-tiny.yaml", "baselines.window=0"]) == 2
+    assert cli_main(["baseline", "recipes/sgns-tiny.yaml", "baselines.window=0"]) == 2
     assert "must be an integer >= 1" in capsys.readouterr().err
-    assert main(["recipes/sgns-tiny.yaml", "--print-config"]) == 0
+    assert cli_main(["baseline", "recipes/sgns-tiny.yaml", "--print-config"]) == 0
     assert "kind: sgns" in capsys.readouterr().out
 
 

@@ -7,15 +7,15 @@ import os
 import pytest
 import torch
 
-from pretrain.beam_search import beam_search, reorder_cache
-from pretrain.config import ModelConfig
-from pretrain.generation import generate
-from pretrain.model import Transformer
+from pretrain.models.beam_search import beam_search, reorder_cache
+from pretrain.models.config import ModelConfig
+from pretrain.models.generation import generate
+from pretrain.models.transformer import Transformer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from pretrain.hf import from_hf
+from pretrain.models.hf import from_hf
 
 V, EOS, PAD = 61, 1, 0
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from pretrain.checkpoint import (
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
+from pretrain.training.checkpoint import (
     FSDP_METADATA,
     PAYLOAD,
     AtomicCheckpointIO,
@@ -22,8 +24,6 @@ from pretrain.checkpoint import (
     load_model,
     read,
 )
-from pretrain.config import ModelConfig
-from pretrain.model import Transformer
 
 CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from pretrain.config import ModelConfig
+from pretrain.models.config import ModelConfig
 
 
 def test_defaults_resolve():

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pretrain import configs
-from pretrain.config import ModelConfig
+from pretrain import config
+from pretrain.models.config import ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PRETRAINING = [
@@ -33,10 +33,10 @@ def write(path: Path, body: dict) -> Path:
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_every_shipped_recipe_validates(recipe):
-    run, resolved = configs.load(recipe)
+    run, resolved = config.load(recipe)
     assert isinstance(run.model, ModelConfig)
     assert resolved["name"] == recipe.stem
-    assert configs.validate(resolved) == run  # the saved dict round-trips
+    assert config.validate(resolved) == run  # the saved dict round-trips
 
 
 def test_pieces_then_recipe_then_overrides(tmp_path):
@@ -49,7 +49,7 @@ def test_pieces_then_recipe_then_overrides(tmp_path):
             "data": {"seq_len": 64},
         },
     )
-    run, resolved = configs.load(
+    run, resolved = config.load(
         recipe, ["optim.warmup_steps=7", "model.n_layer=1", "data.sources.0.weight=2"]
     )
     assert run.model.d_model == 128  # from the piece, placed under its group
@@ -67,9 +67,9 @@ def test_unknown_key_names_path_and_closest_keys():
         match=r"unknown config key 'warmup_step' at optim.warmup_step; did you mean "
         r"warmup_steps\b",
     ):
-        configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["optim.warmup_step=3"])
+        config.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["optim.warmup_step=3"])
     with pytest.raises(ValueError, match=r"'n_layers' at model.n_layers; did you mean n_layer"):
-        configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["model.n_layers=3"])
+        config.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["model.n_layers=3"])
 
 
 @pytest.mark.parametrize(
@@ -89,27 +89,27 @@ def test_unknown_key_names_path_and_closest_keys():
 )
 def test_bad_values_are_named(override, message):
     with pytest.raises(ValueError, match=message):
-        configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", [override])
+        config.load(REPO_ROOT / "recipes/gpt-tiny.yaml", [override])
 
 
 def test_precision_shorthands_and_numbers():
-    run, _ = configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["trainer.precision=32"])
+    run, _ = config.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["trainer.precision=32"])
     assert run.trainer.precision == "32-true"
-    run, _ = configs.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["trainer.precision=bf16", "optim.lr=1"])
+    run, _ = config.load(REPO_ROOT / "recipes/gpt-tiny.yaml", ["trainer.precision=bf16", "optim.lr=1"])
     assert run.trainer.precision == "bf16-mixed" and run.optim.lr == 1.0 and isinstance(run.optim.lr, float)
 
 
 def test_missing_piece_lists_the_group(tmp_path):
     recipe = write(tmp_path / "r.yaml", {"defaults": ["strategy/zero9"]})
     with pytest.raises(FileNotFoundError, match=r"strategy/zero9.*deepspeed_zero2"):
-        configs.load(recipe)
+        config.load(recipe)
 
 
 def test_missing_recipe():
     with pytest.raises(FileNotFoundError, match=r"ready recipes: .*recipes/gpt-tiny.yaml"):
-        configs.load("recipes/nope.yaml")
+        config.load("recipes/nope.yaml")
 
 
 def test_global_batch_size():
-    run, _ = configs.load(REPO_ROOT / "recipes/gpt2-124m.yaml")
-    assert configs.global_batch_size(run, 8) * run.data.seq_len == 524_288
+    run, _ = config.load(REPO_ROOT / "recipes/gpt2-124m.yaml")
+    assert config.global_batch_size(run, 8) * run.data.seq_len == 524_288

@@ -1,8 +1,8 @@
 """Parity with lm-evaluation-harness, run locally and offline on the same exported weights.
 
-lm-eval's ``hf`` model reads a random GPT-2 / Llama / T5 that we export with ``pretrain.hf.save_hf`` (plus a
+lm-eval's ``hf`` model reads a random GPT-2 / Llama / T5 that we export with ``pretrain.models.hf.save_hf`` (plus a
 local tokenizer), on task YAMLs pointing at local JSONL files; our evaluator reads the same directory through
-``pretrain.hf.from_hf``. Metrics (acc, acc_norm, perplexities, exact match) must be equal and every
+``pretrain.models.hf.from_hf``. Metrics (acc, acc_norm, perplexities, exact match) must be equal and every
 per-example log-likelihood must agree to float32 precision.
 """
 
@@ -18,13 +18,13 @@ import yaml
 from test_evaluation_scoring import ARCHS  # tests/ is on sys.path under pytest
 
 from datamodules.tokenizer import train_bpe
-from pretrain.config import ModelConfig
 from pretrain.evaluation.cli import resolve_task_file
 from pretrain.evaluation.models import load_scorer
 from pretrain.evaluation.runner import evaluate
 from pretrain.evaluation.tasks import TaskConfig, load_task
-from pretrain.hf import save_hf
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.hf import save_hf
+from pretrain.models.transformer import Transformer
 
 lm_eval = pytest.importorskip("lm_eval")
 

@@ -13,24 +13,43 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datamodules.tokenizer import train_bpe
-from pretrain.config import ModelConfig
 from pretrain.evaluation import metrics as M
 from pretrain.evaluation.models import load_scorer, scorer_from_model
 from pretrain.evaluation.perplexity import disjoint_window, evaluate_perplexity, rolling_token_windows
 from pretrain.evaluation.runner import evaluate, format_table
 from pretrain.evaluation.scoring import LMScorer, UnsupportedModelError
 from pretrain.evaluation.tasks import TaskConfig
-from pretrain.generation import generate
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.generation import generate
+from pretrain.models.transformer import Transformer
 
 # tiny-model presets transformers can express too (GPT-2, Llama with GQA, T5); the lm-eval test shares them
 ARCHS = {
     "gpt": {"arch": "decoder", "position": "learned"},
-    "llama": {"arch": "decoder", "position": "rope", "norm": "rmsnorm", "norm_bias": False, "n_kv_head": 2,
-              "activation": "swiglu", "mlp_bias": False, "attn_bias": False, "tie_embeddings": False},
-    "t5": {"arch": "encoder-decoder", "position": "relative", "norm": "rmsnorm", "norm_bias": False,
-           "activation": "relu", "mlp_bias": False, "attn_bias": False, "attn_scale": "none", "init": "t5",
-           "decoder_start_token_id": 0, "pad_token_id": 0},
+    "llama": {
+        "arch": "decoder",
+        "position": "rope",
+        "norm": "rmsnorm",
+        "norm_bias": False,
+        "n_kv_head": 2,
+        "activation": "swiglu",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "tie_embeddings": False,
+    },
+    "t5": {
+        "arch": "encoder-decoder",
+        "position": "relative",
+        "norm": "rmsnorm",
+        "norm_bias": False,
+        "activation": "relu",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "attn_scale": "none",
+        "init": "t5",
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+    },
 }
 
 

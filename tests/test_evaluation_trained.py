@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.tokenizer import train_bpe
-from pretrain.config import ModelConfig
 from pretrain.evaluation.cli import add_evaluate_parser
 from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.prompts import FewShotSampler
 from pretrain.evaluation.runner import evaluate, log_to_wandb
 from pretrain.evaluation.tasks import TaskConfig, load_examples
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 CAUSES = ["rain", "sun", "fire", "ice", "wind", "snow", "storm", "frost", "heat", "fog", "dust", "smoke"]
 EFFECTS = [
@@ -109,7 +109,7 @@ def test_cli_evaluates_a_checkpoint_with_the_documented_kshot_prompt(trained, tm
         state = {f"model.{k}": v for k, v in model.state_dict().items()}
         torch.save({"state_dict": state, "pretrain": payload}, target)
     else:
-        from pretrain.hf import save_hf
+        from pretrain.models.hf import save_hf
 
         tokenizer.save(str(tmp_path / "tokenizer.json"))
         target = save_hf(model, tmp_path / "hf", tmp_path / "tokenizer.json")

@@ -10,20 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain.config import ModelConfig
-from pretrain.finetune import (
+from pretrain.cli import main as cli_main
+from pretrain.finetuning.run import (
     DecodingConfig,
     FinetuneModule,
     _optimizer,
     decode,
     load_config,
     load_finetuned,
-    main,
     prepare,
     run,
     validate,
 )
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 REPO = Path(__file__).resolve().parents[1]
 POSITIVE = ["good", "great", "fine", "lovely", "superb", "wonderful"]
@@ -225,7 +225,7 @@ def test_freeze_and_head_learning_rate(files, tmp_path):
 
 
 def test_module_trains_token_and_multiple_choice_heads(files, tmp_path):
-    from pretrain.heads import TaskModel
+    from pretrain.models.heads import TaskModel
 
     cfg = validate(raw(files, tmp_path, BERT))
     for kind, ids, labels in [
@@ -277,7 +277,7 @@ def test_checkpoint_without_tokenizer(files, tmp_path):
 
 def test_hugging_face_directory_without_tokenizer(files, tmp_path):
     pytest.importorskip("transformers")
-    from pretrain.hf import save_hf
+    from pretrain.models.hf import save_hf
 
     cfg_model = BERT | {"lm_head": True, "mlm_head_transform": True, "lm_head_bias": True, "norm_eps": 1e-12}
     save_hf(Transformer(ModelConfig(**cfg_model)), tmp_path / "hf")
@@ -325,8 +325,11 @@ def test_recipes_compose_and_validate(recipe):
 
 
 def test_command_line(capsys):
-    assert main(["recipes/finetune-sst2-minilm.yaml", "data.max_length=48", "--print-config"]) == 0
+    assert (
+        cli_main(["finetune", "recipes/finetune-sst2-minilm.yaml", "data.max_length=48", "--print-config"])
+        == 0
+    )
     assert "max_length: 48" in capsys.readouterr().out
-    assert main(["recipes/finetune-sst2-minilm.yaml", "trainer.max_stepz=1"]) == 2
+    assert cli_main(["finetune", "recipes/finetune-sst2-minilm.yaml", "trainer.max_stepz=1"]) == 2
     assert "did you mean max_steps" in capsys.readouterr().err
-    assert main(["recipes/finetune-nope.yaml"]) == 2
+    assert cli_main(["finetune", "recipes/finetune-nope.yaml"]) == 2

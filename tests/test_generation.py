@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from pretrain.config import ModelConfig
-from pretrain.generation import generate, next_token
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.generation import generate, next_token
+from pretrain.models.transformer import Transformer
 
 V = 53
 DECODER = {"arch": "decoder"}
@@ -161,7 +161,7 @@ def test_encoder_decoder_needs_source_and_encoder_cannot_generate():
 def test_matches_transformers_generate():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers")
-    from pretrain.hf import from_hf
+    from pretrain.models.hf import from_hf
 
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(

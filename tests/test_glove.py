@@ -12,7 +12,7 @@ from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one 
 
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from objectives.glove import GloVe, cooccurrence, glove_weight
-from pretrain.word_vectors import GloVeModel, WordVectors, word_tokenizer
+from pretrain.models.word_vectors import GloVeModel, WordVectors, word_tokenizer
 
 SPECIALS = list(DEFAULT_SPECIAL_TOKENS.values())
 EOS = SPECIALS.index("</s>")

@@ -7,14 +7,14 @@ import os
 import pytest
 import torch
 
-from pretrain.config import ModelConfig
-from pretrain.heads import TaskModel, check_head, default_pooling, pool
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.heads import TaskModel, check_head, default_pooling, pool
+from pretrain.models.transformer import Transformer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from pretrain.hf import from_hf
+from pretrain.models.hf import from_hf
 
 V, PAD = 53, 0
 

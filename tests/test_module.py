@@ -10,11 +10,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from training_utils import metric_by_step, read_metrics, tiny_recipe, tiny_world  # noqa: F401
 
-from pretrain import configs
-from pretrain.cli import build_data, prepare_run
-from pretrain.model import Transformer
-from pretrain.module import STEP_TARGETS, StepGroups
-from pretrain.trainer import build_trainer
+from pretrain import config
+from pretrain.models.transformer import Transformer
+from pretrain.training.module import STEP_TARGETS, StepGroups
+from pretrain.training.setup import build_data, prepare_run
+from pretrain.training.trainer import build_trainer
 
 
 class CaptureGrads(Callback):
@@ -38,7 +38,7 @@ def fit_one_step(tmp_path, world, kind: str, micro: int, k: int):
         data={"micro_batch_size": micro},
         trainer={"max_steps": 1, "accumulate_grad_batches": k, "gradient_clip_val": None},
     )
-    run, resolved = configs.load(recipe)
+    run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
     init = copy.deepcopy(parts["module"].model.state_dict())
     capture = CaptureGrads()
@@ -110,7 +110,7 @@ def test_step_groups_tag_each_micro_batch_with_its_step_target_count():
 
 
 def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_world):  # noqa: F811
-    run, resolved = configs.load(tiny_recipe(tmp_path, tiny_world, "t5"))
+    run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, "t5"))
     parts = prepare_run(run, resolved)
     batch = {
         "input_ids": torch.ones(2, 3, dtype=torch.long),
@@ -134,7 +134,7 @@ def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
             "peak_flops": 1e12,
         },
     )
-    run, resolved = configs.load(recipe)
+    run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
     trainer = build_trainer(run, resolved)
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
@@ -163,7 +163,7 @@ def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
 
 def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):  # noqa: F811
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer={"max_steps": 4, "throughput_window": 2})
-    run, resolved = configs.load(recipe)
+    run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
     build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
     rows = read_metrics(tmp_path / "run")
@@ -180,7 +180,7 @@ def test_reduced_precisions_train(tmp_path, tiny_world, precision):  # noqa: F81
         trainer={"max_steps": 3, "precision": precision},
         checkpoint={"save_top_k": 0},
     )
-    run, resolved = configs.load(recipe)
+    run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
     build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
     losses = metric_by_step(read_metrics(tmp_path / "run"), "train/loss")
@@ -198,7 +198,7 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world)
         data={"micro_batch_size": 2},
         trainer={"max_steps": 1, "activation_checkpointing": True, "gradient_clip_val": None},
     )
-    run, resolved = configs.load(recipe)
+    run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
     assert parts["module"].model.gradient_checkpointing
     capture = CaptureGrads()

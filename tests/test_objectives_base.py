@@ -175,7 +175,7 @@ def test_rejects_non_long_tokens():
 
 class StandInDecoder(torch.nn.Module):
     """One-layer causal decoder honouring position_ids, document_ids and prefix_lengths, used only while
-    ``pretrain.model.Transformer`` cannot be imported."""
+    ``pretrain.models.transformer.Transformer`` cannot be imported."""
 
     def __init__(self, vocab_size: int, d: int = 32, max_len: int = 256):
         super().__init__()
@@ -202,8 +202,8 @@ def tiny_model(arch: str, vocab_size: int):
     """``(model, logits_fn)``: the real backbone (tiny, dropout off) when importable, else ``None`` for
     encoders / encoder-decoders and the stand-in decoder."""
     try:
-        from pretrain.config import ModelConfig
-        from pretrain.model import Transformer
+        from pretrain.models.config import ModelConfig
+        from pretrain.models.transformer import Transformer
     except ImportError:
         return (StandInDecoder(vocab_size), lambda m, **kw: m(**kw)) if arch == "decoder" else None
     torch.manual_seed(0)
@@ -219,7 +219,7 @@ def test_backbone_accepts_the_batch(key):
     obj = build(key)
     model = tiny_model(next(iter(obj.architectures)), tiny_tokenizer().get_vocab_size())
     if model is None:
-        pytest.skip("pretrain.model.Transformer not importable yet")
+        pytest.skip("pretrain.models.transformer.Transformer not importable yet")
     batch = obj(packed_batch(2, obj.raw_length(64)), torch.Generator().manual_seed(0))
     labels = batch.pop("labels")
     with torch.no_grad():

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from objectives.loss import token_cross_entropy
-from pretrain.beam_search import beam_search
-from pretrain.generation import generate
-from pretrain.rnn import (
+from pretrain.models.beam_search import beam_search
+from pretrain.models.generation import generate
+from pretrain.models.rnn import (
     AttentionScore,
     RNNConfig,
     RNNLanguageModel,

@@ -9,7 +9,7 @@ from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one 
 
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
-from pretrain.word_vectors import Word2Vec, WordVectors, word_tokenizer
+from pretrain.models.word_vectors import Word2Vec, WordVectors, word_tokenizer
 
 SPECIALS = list(DEFAULT_SPECIAL_TOKENS.values())
 EOS = SPECIALS.index("</s>")

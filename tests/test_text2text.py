@@ -8,7 +8,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from pretrain.text2text import IGNORE_INDEX, Text2TextCollate, Text2TextDataModule, glue_pairs, parallel_pairs
+from datamodules.text2text import (
+    IGNORE_INDEX,
+    Text2TextCollate,
+    Text2TextDataModule,
+    glue_pairs,
+    parallel_pairs,
+)
 
 
 def write(path, text):
@@ -80,7 +86,9 @@ def test_collate_pads_and_shifts():
 
 
 def test_datamodule_appends_eos_and_truncates():
-    vocab = {"<pad>": 0, "</s>": 1, "[UNK]": 2} | {w: i + 3 for i, w in enumerate(["a", "b", "c", "d", "e", "f"])}
+    vocab = {"<pad>": 0, "</s>": 1, "[UNK]": 2} | {
+        w: i + 3 for i, w in enumerate(["a", "b", "c", "d", "e", "f"])
+    }
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     dm = Text2TextDataModule(

@@ -10,11 +10,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
-from pretrain import configs
-from pretrain.checkpoint import AtomicCheckpointIO
-from pretrain.model import Block
-from pretrain.throughput import PeakThroughputMonitor
-from pretrain.trainer import build_loggers, build_strategy, build_trainer, deepspeed_config, wandb_mode
+from pretrain import config
+from pretrain.models.transformer import Block
+from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.throughput import PeakThroughputMonitor
+from pretrain.training.trainer import (
+    build_loggers,
+    build_strategy,
+    build_trainer,
+    deepspeed_config,
+    wandb_mode,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
@@ -22,7 +28,7 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
 def load(*overrides: str, recipe: Path = GPT):
-    return configs.load(recipe, list(overrides))
+    return config.load(recipe, list(overrides))
 
 
 def test_ddp_strategy():
@@ -51,7 +57,7 @@ def test_fsdp_strategy_wraps_blocks(checkpointing):
 
 
 def test_fsdp_recipe_piece():
-    run, _ = configs.load(REPO_ROOT / "recipes" / "gpt2-350m.yaml")
+    run, _ = config.load(REPO_ROOT / "recipes" / "gpt2-350m.yaml")
     assert run.strategy.name == "fsdp" and run.strategy.fsdp.sharding_strategy == "FULL_SHARD"
 
 
@@ -68,7 +74,7 @@ def test_fsdp_recipe_piece():
 def test_deepspeed_configs(tmp_path, piece, stage, optimizer, params):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"defaults: [model/gpt-tiny, strategy/{piece}]\n")
-    run, _ = configs.load(recipe)
+    run, _ = config.load(recipe)
     zero = deepspeed_config(run)["zero_optimization"]
     assert zero["stage"] == stage
     assert ("offload_optimizer" in zero) is optimizer and ("offload_param" in zero) is params

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.word_vectors import (
+from pretrain.models.word_vectors import (
     GloVeModel,
     Word2Vec,
     WordVectors,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pretrain.checkpoint import read
+from pretrain.training.checkpoint import read
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
@@ -112,7 +112,7 @@ def tiny_recipe(directory: Path, world: dict[str, Path], kind: str = "gpt", **se
 
 
 def cli_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pretrain.cli", *args]
+    return [sys.executable, "-m", "pretrain", *args]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -21,10 +21,12 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain.config import CONFIG_DIR
+
 from .prompts import DEFAULT_FEWSHOT_SEED
 from .tasks import TaskConfig, load_documents, load_examples, load_task
 
-TASK_DIR = Path(__file__).resolve().parents[2] / "configs" / "eval"
+TASK_DIR = CONFIG_DIR / "eval"
 
 
 @dataclass

@@ -4,8 +4,8 @@ Checkpoints accepted by ``load_model``:
 
 - a ``pretrain fit`` checkpoint file (``.ckpt``; config, weights and tokenizer in one file), or a run /
   checkpoint directory (its newest valid ``.ckpt``);
-- a transformers directory (``config.json`` + weights, e.g. written by ``pretrain.hf.save_hf``) of a
-  GPT-2, Llama or T5 model, converted with ``pretrain.hf.from_hf``; the tokenizer is read from the same
+- a transformers directory (``config.json`` + weights, e.g. written by ``pretrain.models.hf.save_hf``) of a
+  GPT-2, Llama or T5 model, converted with ``pretrain.models.hf.from_hf``; the tokenizer is read from the same
   directory unless given.
 
 The prefix token (conditioning an empty context, and the first rolling-perplexity window) is, as in
@@ -23,8 +23,8 @@ import torch
 from tokenizers import Tokenizer
 
 from datamodules.tokenizer import load_tokenizer, resolve_eos
-from pretrain.config import ModelConfig
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 from .scoring import DecodeFn, DecodeSteps, LMScorer, LogitsFn, UnsupportedModelError, check_architecture
 
@@ -143,7 +143,7 @@ def _hf_special_tokens(directory: Path) -> dict[str, str]:
 def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     import transformers
 
-    from pretrain.hf import from_hf
+    from pretrain.models.hf import from_hf
 
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     arch = (config.get("architectures") or [""])[0]
@@ -161,7 +161,7 @@ def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> tuple[Transformer,
 
 
 def _load_ckpt(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
-    from pretrain.checkpoint import load_model as load_checkpoint
+    from pretrain.training.checkpoint import load_model as load_checkpoint
 
     model, payload, tok = load_checkpoint(path)
     if tokenizer is not None:
@@ -178,7 +178,7 @@ def load_model(
     checkpoint: str | Path, tokenizer: str | Path | None = None
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """(model, tokenizer, {"prefix_token", "eos_token"}) from a .ckpt / run dir / transformers dir."""
-    from pretrain.checkpoint import FSDP_METADATA, find_resume
+    from pretrain.training.checkpoint import FSDP_METADATA, find_resume
 
     path = Path(checkpoint)
     if not path.exists():

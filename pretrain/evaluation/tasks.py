@@ -147,7 +147,7 @@ def load_task(
 
 def _validate(example: Any, task_type: str, where: str) -> Example:
     if not isinstance(example, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}")
+        raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}")  # noqa: TRY004
     for key, (types, desc) in _FIELDS[task_type].items():
         if key not in example:
             raise ValueError(
@@ -155,7 +155,7 @@ def _validate(example: Any, task_type: str, where: str) -> Example:
             )
         value = example[key]
         if not isinstance(value, types) or isinstance(value, bool):
-            raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")
+            raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")  # noqa: TRY004
         if isinstance(value, list) and (not value or not all(isinstance(v, str) for v in value)):
             raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")
     if task_type in _OPTIONS_KEY:

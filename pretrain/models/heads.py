@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pretrain.config import ModelConfig
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 KINDS = ("sequence", "token", "multiple_choice")
 POOLINGS: dict[str, tuple[str, ...]] = {  # allowed poolings per architecture; the first one is the default

@@ -1,14 +1,14 @@
 """The baselines the transformer replaced, on the same tokenizer, prepared corpora, Trainer, loggers and metrics.
 
-    python -m pretrain.baselines recipes/sgns-tiny.yaml [key=value ...] [--print-config]
+    pretrain baseline recipes/sgns-tiny.yaml [key=value ...] [--print-config]
 
-A baseline recipe composes like a pretraining recipe (``pretrain.configs.compose``) and shares its sections
+A baseline recipe composes like a pretraining recipe (``pretrain.config.compose``) and shares its sections
 (tokenizer, data, objective, optim, trainer, strategy, logger, checkpoint; ``model`` is unused). Its own section
 ``baselines`` (pieces in ``configs/baselines/``) names the ``kind`` and holds its options:
 
     sgns     skip-gram / CBOW (``objectives.sgns``) on the prepared corpus through ``PretrainDataModule``
     glove    GloVe (``objectives.glove``) on the co-occurrence matrix of the prepared train split
-    rnn_lm   LSTM/GRU language model (``pretrain.rnn``) trained with the ``clm`` objective by truncated BPTT:
+    rnn_lm   LSTM/GRU language model (``pretrain.models.rnn``) trained with the ``clm`` objective by truncated BPTT:
              the train stream is cut into B parallel streams and batch i+1 continues batch i row by row, the
              hidden state carried (detached) between batches and reset every epoch and every validation
     seq2seq  RNN encoder-decoder with attention on line-aligned parallel text (``task: parallel``, e.g.
@@ -28,7 +28,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +46,10 @@ from objectives.base import Objective
 from objectives.glove import Cooccurrence, GloVe
 from objectives.loss import IGNORE_INDEX, token_cross_entropy
 from objectives.sgns import SkipGram, check_counts, token_counts
-from pretrain import configs
-from pretrain.configs import OptimConfig, RunConfig, SourceConfig
-from pretrain.optim import build_optimizer, build_scheduler
-from pretrain.rnn import RNNConfig, RNNLanguageModel, Seq2SeqConfig, Seq2SeqRNN, detach_cache
-from pretrain.word_vectors import (
+from pretrain import config
+from pretrain.config import OptimConfig, RunConfig, SourceConfig
+from pretrain.models.rnn import RNNConfig, RNNLanguageModel, Seq2SeqConfig, Seq2SeqRNN, detach_cache
+from pretrain.models.word_vectors import (
     GloVeModel,
     Word2Vec,
     WordVectors,
@@ -59,6 +57,7 @@ from pretrain.word_vectors import (
     read_similarity,
     word_tokenizer,
 )
+from pretrain.training.optim import build_optimizer, build_scheduler
 
 # ---------------------------------------------------------------------------------------------- configuration
 
@@ -163,18 +162,18 @@ BASELINES = {
 
 def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, Any, dict[str, Any]]:
     """Compose and validate a baseline recipe: ``(shared run config, baseline section, resolved dict)``."""
-    raw = configs.compose(recipe, overrides)
+    raw = config.compose(recipe, overrides)
     section = raw.pop("baselines", None)
     if not isinstance(section, dict) or section.get("kind") not in BASELINES:
         raise ValueError(
             f"{recipe}: a baseline recipe needs a section `baselines` with kind in {list(BASELINES)} "
             f"(pieces in configs/baselines/), got {section!r:.80}"
         )
-    run = configs.validate(raw)
-    baseline = configs.structured(BASELINES[section["kind"]], section, "baselines")
+    run = config.validate(raw)
+    baseline = config.structured(BASELINES[section["kind"]], section, "baselines")
     if run.trainer.devices != 1 or run.trainer.num_nodes != 1:
         raise ValueError("baselines train on one device; set trainer.devices=1 trainer.num_nodes=1")
-    resolved = {k: v for k, v in configs.to_dict(run).items() if k not in ("model", "resume")}  # unused here
+    resolved = {k: v for k, v in config.to_dict(run).items() if k not in ("model", "resume")}  # unused here
     return run, baseline, {**resolved, "baselines": dataclasses.asdict(baseline)}
 
 
@@ -408,7 +407,7 @@ def parallel_examples(
 
 class BaselineModule(L.LightningModule):
     """A model and a loss giving summable ``loss_sum``, ``num_targets`` (and ``num_correct``) per batch; the mean
-    loss of each batch is minimised with the run's AdamW + schedule (``pretrain.optim``). Logs ``train/*`` and
+    loss of each batch is minimised with the run's AdamW + schedule (``pretrain.training.optim``). Logs ``train/*`` and
     ``val/*`` (loss, accuracy, perplexity for token-prediction models)."""
 
     reports_perplexity = False
@@ -514,7 +513,7 @@ class LanguageModelModule(BaselineModule):
 
 
 class Seq2SeqModule(BaselineModule):
-    """Teacher-forced token cross-entropy of :class:`pretrain.rnn.Seq2SeqRNN`."""
+    """Teacher-forced token cross-entropy of :class:`pretrain.models.rnn.Seq2SeqRNN`."""
 
     reports_perplexity = True
 
@@ -568,10 +567,10 @@ def stream_perplexity(
 def decode(
     model: Seq2SeqRNN, examples: Sequence[Example], cfg: Seq2SeqBaseline, batch_size: int
 ) -> list[list[int]]:
-    """Greedy (``beam_size`` 1, ``pretrain.generation.generate``) or beam (``pretrain.beam_search``) outputs,
+    """Greedy (``beam_size`` 1, ``pretrain.models.generation.generate``) or beam (``pretrain.models.beam_search``) outputs,
     without BOS and cut at EOS."""
-    from pretrain.beam_search import beam_search
-    from pretrain.generation import generate
+    from pretrain.models.beam_search import beam_search
+    from pretrain.models.generation import generate
 
     c = model.config
     outputs = []
@@ -668,7 +667,7 @@ def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
 def _fit(
     run: RunConfig, resolved: dict[str, Any], module: BaselineModule, datamodule: L.LightningDataModule
 ) -> L.Trainer:
-    from pretrain.trainer import build_trainer
+    from pretrain.training.trainer import build_trainer
 
     L.seed_everything(run.seed, verbose=False)
     trainer = build_trainer(run, resolved)
@@ -900,14 +899,3 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             )
         print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pretrain.baselines RECIPE ...`` is ``pretrain baseline RECIPE ...``."""
-    from pretrain.cli import main as cli_main
-
-    return cli_main(["baseline", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

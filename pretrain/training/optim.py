@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from pretrain.configs import OptimConfig
+from pretrain.config import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -7,8 +7,8 @@ A finetuning recipe (``recipes/finetune-*.yaml``) composes pieces from ``configs
     trainer: {max_steps: 2000, max_time_minutes: 8}
 
 Backbones load from our pretraining checkpoints (``.ckpt`` with the tokenizer inside), from Hugging Face directories
-(``config.json`` + ``model.safetensors`` + tokenizer files, through ``pretrain.hf.from_hf``), or start from random
-weights (``init.model`` + ``init.tokenizer``; the control in transfer experiments). Heads are ``pretrain.heads``;
+(``config.json`` + ``model.safetensors`` + tokenizer files, through ``pretrain.models.hf.from_hf``), or start from random
+weights (``init.model`` + ``init.tokenizer``; the control in transfer experiments). Heads are ``pretrain.models.heads``;
 ``head.kind: text2text`` instead trains the encoder-decoder's own LM head on source -> target text and evaluates
 decoded outputs (greedy / sampling / beam search) by exact match or BLEU (sacrebleu).
 
@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,11 +36,11 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from pretrain.config import ModelConfig
-from pretrain.configs import CONFIG_DIR, OptimConfig, compose, structured
-from pretrain.heads import TaskModel
-from pretrain.model import Transformer
-from pretrain.optim import lr_lambda, param_groups
+from pretrain.config import CONFIG_DIR, OptimConfig, compose, structured
+from pretrain.models.config import ModelConfig
+from pretrain.models.heads import TaskModel
+from pretrain.models.transformer import Transformer
+from pretrain.training.optim import lr_lambda, param_groups
 
 IGNORE_INDEX = -100
 FINETUNE_CONFIGS = CONFIG_DIR / "finetune"
@@ -72,7 +71,9 @@ class InitConfig:
 @dataclass
 class HeadConfig:
     kind: Literal["sequence", "token", "multiple_choice", "text2text"] = "sequence"
-    pooling: Literal["first", "last", "mean", "pooler"] | None = None  # None: pretrain.heads.default_pooling
+    pooling: Literal["first", "last", "mean", "pooler"] | None = (
+        None  # None: pretrain.models.heads.default_pooling
+    )
     dropout: float = 0.1
     lr: float | None = None  # head learning rate (default optim.lr)
 
@@ -185,7 +186,7 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
     if cfg.head.kind in ("token", "multiple_choice"):
         raise ValueError(
             f"head.kind={cfg.head.kind!r} has no file datamodule in `pretrain finetune` yet (GLUE files are "
-            "sentence-level); use pretrain.heads.TaskModel with FinetuneModule from Python"
+            "sentence-level); use pretrain.models.heads.TaskModel with FinetuneModule from Python"
         )
     for name in ("max_steps", "val_check_interval", "log_every_n_steps"):
         if getattr(cfg.trainer, name) < 1:
@@ -197,7 +198,7 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> FinetuneConfig:
     """Compose a recipe from ``configs/finetune`` pieces (``defaults: [init/minilm, data/sst2, ...]``), its body and
-    ``key=value`` overrides (``pretrain.configs.compose``), then validate."""
+    ``key=value`` overrides (``pretrain.config.compose``), then validate."""
     return validate(compose(recipe, overrides, config_dir=FINETUNE_CONFIGS))
 
 
@@ -220,7 +221,7 @@ def _hf_roles(directory: Path) -> dict[str, str]:
 def _load_hf(directory: Path) -> Transformer:
     import transformers
 
-    from pretrain.hf import from_hf
+    from pretrain.models.hf import from_hf
 
     config = transformers.AutoConfig.from_pretrained(directory)
     arch = (getattr(config, "architectures", None) or [""])[0]
@@ -267,7 +268,7 @@ def load_backbone(init: InitConfig) -> tuple[Transformer, Tokenizer, dict[str, s
                         "pass init.tokenizer=PATH"
                     ) from None
         elif path.exists():
-            from pretrain.checkpoint import load_model
+            from pretrain.training.checkpoint import load_model
 
             model, info, tokenizer = load_model(path)
             roles = dict(info.get("config", {}).get("tokenizer", {}).get("special_tokens") or {})
@@ -339,7 +340,7 @@ def build_metrics(names: list[str], num_labels: int, regression: bool) -> torchm
 def _optimizer(
     cfg: FinetuneConfig, backbone: nn.Module, head: nn.Module | None, max_steps: int
 ) -> dict[str, Any]:
-    """AdamW (``pretrain.optim.param_groups``: no decay on norms, biases, embeddings) with the head at ``head.lr``,
+    """AdamW (``pretrain.training.optim.param_groups``: no decay on norms, biases, embeddings) with the head at ``head.lr``,
     and the configured warmup + decay schedule applied to every group."""
     o = cfg.optim
     groups = [g | {"lr": o.lr} for g in param_groups(backbone, o.weight_decay)]
@@ -399,8 +400,8 @@ class FinetuneModule(L.LightningModule):
 
 def decode(model: Transformer, batch: dict[str, Tensor], cfg: DecodingConfig, eos: int, pad: int) -> Tensor:
     """Generated target tokens (B, n) for the sources of ``batch`` (pad after EOS): greedy, sampling or beam."""
-    from pretrain.beam_search import beam_search
-    from pretrain.generation import generate
+    from pretrain.models.beam_search import beam_search
+    from pretrain.models.generation import generate
 
     source = {"encoder_input_ids": batch["input_ids"], "encoder_attention_mask": batch["attention_mask"]}
     if cfg.strategy == "beam":
@@ -518,7 +519,7 @@ def build_datamodule(cfg: FinetuneConfig, tokenizer: Tokenizer, arch: str, roles
     d = cfg.data
     if cfg.head.kind == "text2text":
         from datamodules.special_tokens import special_token_id
-        from pretrain.text2text import Text2TextDataModule, glue_pairs, parallel_pairs
+        from datamodules.text2text import Text2TextDataModule, glue_pairs, parallel_pairs
 
         if d.train_target_file:
             if bool(d.val_file) != bool(d.val_target_file):
@@ -605,7 +606,12 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     parts = prepare(cfg)
     module, datamodule = parts["module"], parts["datamodule"]
     t = cfg.trainer
-    common = {"accelerator": t.accelerator, "devices": 1, "precision": t.precision, "enable_model_summary": False}
+    common = {
+        "accelerator": t.accelerator,
+        "devices": 1,
+        "precision": t.precision,
+        "enable_model_summary": False,
+    }
     trainer = L.Trainer(
         **common,
         max_steps=t.max_steps,
@@ -707,14 +713,3 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         print(f"  val/{name}: {value:.4f}")
     print(f"  results: {Path(cfg.run_dir) / 'results.json'}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pretrain.finetune RECIPE [key=value ...]`` is ``pretrain finetune RECIPE ...``."""
-    from pretrain.cli import main as cli_main
-
-    return cli_main(["finetune", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -37,7 +37,7 @@ def _probability(name: str, value: float) -> None:
 
 @dataclass
 class ModelConfig:
-    """Hyper-parameters of :class:`pretrain.model.Transformer`.
+    """Hyper-parameters of :class:`pretrain.models.transformer.Transformer`.
 
     Shapes: ``d_model`` = d, ``n_head`` = h query heads of ``head_dim`` = d_h, ``n_kv_head`` = g key/value heads
     (grouped-query attention when g < h), ``d_ff`` = MLP width (per branch for gated activations).

@@ -3,11 +3,11 @@
 Axes: B batch, T target (decoder) length, S source length, V vocabulary, E embedding width, H hidden width,
 M memory width (encoder outputs: 2H bidirectional, else H), L layers.
 
-Both models follow the backbone's calling convention (``pretrain.model.Transformer``): keyword inputs named as
+Both models follow the backbone's calling convention (``pretrain.models.transformer.Transformer``): keyword inputs named as
 the objectives' batches, an output with ``.logits``, and a ``cache`` that carries the past -- for an RNN the
-hidden state -- held in a :class:`pretrain.model.KVCache` (``self_kv[l] = (h_l, c_l)``, each (B, H), GRU:
+hidden state -- held in a :class:`pretrain.models.transformer.KVCache` (``self_kv[l] = (h_l, c_l)``, each (B, H), GRU:
 ``c_l`` empty; ``cross_kv[0] = (memory, key projection)`` and ``encoder_mask`` for the encoder-decoder). So
-``pretrain.generation.generate`` and ``pretrain.beam_search.beam_search`` decode them unchanged, and
+``pretrain.models.generation.generate`` and ``pretrain.models.beam_search.beam_search`` decode them unchanged, and
 truncated BPTT is ``cache=detach_cache(out.cache)`` between batches.
 
 Language model (Zaremba et al. 2014; Merity et al. 2018): embedding -> dropout -> L-layer LSTM/GRU (dropout
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from pretrain.model import KVCache
+from pretrain.models.transformer import KVCache
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
 SCORES = ("dot", "multiplicative", "low_rank", "additive")
@@ -70,7 +70,7 @@ class RNNConfig:
     tie_embeddings: bool = True
     forget_bias: float = 1.0  # LSTM forget gate (GRU: update gate) bias at initialisation
     init_range: float = 0.1  # embeddings (and an untied output layer) ~ U(-init_range, init_range)
-    pad_token_id: int | None = None  # for decoding (pretrain.generation)
+    pad_token_id: int | None = None  # for decoding (pretrain.models.generation)
     eos_token_id: int | None = None
 
     @property

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pretrain.config import ModelConfig
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 Rule = tuple[str, tuple[str, ...], bool]  # (our key, HF keys concatenated on dim 0, transpose each HF tensor)
 
@@ -142,7 +142,9 @@ def _bert_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     if c.type_vocab_size < 1:
         raise ValueError("BERT always adds segment embeddings: type_vocab_size must be >= 1")
     if head and pooler:
-        raise ValueError("BertForMaskedLM has no pooler: set pooler=False, or lm_head=False to export BertModel")
+        raise ValueError(
+            "BertForMaskedLM has no pooler: set pooler=False, or lm_head=False to export BertModel"
+        )
     return ModelConfig(
         arch="encoder",
         vocab_size=c.vocab_size,

@@ -21,8 +21,8 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from tokenizers import Tokenizer
 
-from pretrain.config import ModelConfig
-from pretrain.model import Transformer
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
 FSDP_METADATA = (

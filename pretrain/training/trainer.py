@@ -13,9 +13,9 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 from torch import nn
 
-from pretrain.checkpoint import AtomicCheckpointIO
-from pretrain.configs import RunConfig
-from pretrain.throughput import PeakThroughputMonitor
+from pretrain.config import RunConfig
+from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.throughput import PeakThroughputMonitor
 
 
 def deepspeed_config(run: RunConfig) -> dict[str, Any]:

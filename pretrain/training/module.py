@@ -30,10 +30,10 @@ from torch import Tensor
 
 from datamodules.pretrain import PretrainDataModule
 from objectives import IGNORE_INDEX, Objective
-from pretrain.checkpoint import PAYLOAD
-from pretrain.configs import RunConfig
-from pretrain.model import Transformer
-from pretrain.optim import build_optimizer, build_scheduler
+from pretrain.config import RunConfig
+from pretrain.models.transformer import Transformer
+from pretrain.training.checkpoint import PAYLOAD
+from pretrain.training.optim import build_optimizer, build_scheduler
 
 STEP_TARGETS = (
     "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
@@ -83,7 +83,7 @@ def dropout_seed(seed: int, step: int, micro_batch: int, rank: int) -> int:
 
 
 class PretrainModule(L.LightningModule):
-    """Backbone (``pretrain.model.Transformer``) trained with ``objective``; logs loss, accuracy, perplexity
+    """Backbone (``pretrain.models.transformer.Transformer``) trained with ``objective``; logs loss, accuracy, perplexity
     (LM objectives), tokens seen, learning rate and gradient norm; MFU comes from ``flops_per_batch``."""
 
     def __init__(

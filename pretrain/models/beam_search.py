@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pretrain.model import KVCache, Transformer
+from pretrain.models.transformer import KVCache, Transformer
 
 NEG = -1.0e9  # score of excluded candidates (transformers uses the same constant)
 
@@ -56,7 +56,7 @@ def _decoding_inputs(
     pad_token_id: int | None,
 ) -> tuple[dict[str, Tensor | None], Tensor, Tensor | None, int | None, int]:
     """Prefill inputs, decoder prompt (B, P), prompt positions (decoder-only with padding) or None, eos, pad --
-    the conventions of :func:`pretrain.generation.generate`."""
+    the conventions of :func:`pretrain.models.generation.generate`."""
     cfg = model.config
     if cfg.arch == "encoder" or not cfg.lm_head:
         raise ValueError("beam search needs arch 'decoder' or 'encoder-decoder' with an LM head")

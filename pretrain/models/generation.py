@@ -3,7 +3,7 @@
 One prefill forward over the prompt fills the cache (and, for encoder-decoder models, encodes the source and
 projects its keys/values once); every later step feeds only the newest token. Token choice is a separate pure
 function of the last logits (:func:`next_token`), so other search strategies (beam search) can reuse
-:func:`pretrain.model.KVCache` and the step loop.
+:func:`pretrain.models.transformer.KVCache` and the step loop.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pretrain.model import Transformer
+from pretrain.models.transformer import Transformer
 
 
 def next_token(

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from pretrain.config import ModelConfig
+from pretrain.models.config import ModelConfig
 
 ACT_FNS = {
     "relu": F.relu,

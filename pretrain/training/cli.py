@@ -1,0 +1,225 @@
+"""The recipe and checkpoint verbs: ``tokenizer``, ``prepare``, ``fit``, ``validate``, ``generate``, ``export``.
+
+Each verb is ``add_<verb>_arguments(parser)`` plus ``cmd_<verb>(args) -> exit status``; ``pretrain.cli`` dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain import config
+from pretrain.config import RunConfig
+from pretrain.training.setup import prepare_run
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pretrain.models.transformer import Block
+    from pretrain.training.trainer import build_trainer
+
+    run, resolved = config.load(args.recipe, args.overrides)
+    if args.print_config:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(resolved), end="")
+        return 0
+    parts = prepare_run(run, resolved)
+    module = parts["module"]
+    trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
+    trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=parts["ckpt"], weights_only=True)
+    last = run.checkpoint_dir / "last.ckpt"
+    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever the checkpoint interval
+    if trainer.is_global_zero:
+        _summary(trainer, run, module, last)
+    return 0
+
+
+def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    lines = [f"steps: {trainer.global_step} (tokens seen {module.tokens_seen:,})", f"checkpoint: {last}"]
+    best = [
+        cb.best_model_path
+        for cb in trainer.checkpoint_callbacks
+        if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.best_model_path
+    ]
+    if best:
+        lines.append(f"best checkpoint: {best[0]}")
+    for name, value in sorted(trainer.callback_metrics.items()):
+        if name.startswith("val/"):
+            lines.append(f"{name}: {float(value):.4f}")
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            import wandb
+
+            experiment = logger.experiment
+            run_dir = Path(experiment.dir).parent
+            lines.append(
+                f"W&B run: {experiment.id} ({'offline' if experiment.offline else 'online'}) {run_dir}"
+            )
+            if experiment.offline:
+                lines.append(f"  upload with: wandb sync {run_dir}")
+            wandb.finish()
+        elif isinstance(logger, CSVLogger):
+            lines.append(f"metrics CSV: {Path(logger.log_dir) / 'metrics.csv'}")
+    print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pretrain.models.transformer import Block
+    from pretrain.training.trainer import build_trainer
+
+    overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
+    run, resolved = config.load(args.recipe, overrides)
+    parts = prepare_run(run, resolved)
+    if parts["ckpt"] is None:
+        raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
+    trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
+    results = trainer.validate(
+        parts["module"],
+        datamodule=parts["datamodule"],
+        ckpt_path=parts["ckpt"],
+        weights_only=True,
+        verbose=False,
+    )
+    if trainer.is_global_zero:
+        print(f"checkpoint: {parts['ckpt']}")
+        for name, value in sorted(results[0].items()):
+            print(f"  {name}: {value:.4f}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from pretrain.models.generation import generate
+    from pretrain.training.checkpoint import load_model
+
+    model, _, tokenizer = load_model(args.checkpoint)
+    if tokenizer is None:
+        raise ValueError(f"{args.checkpoint} holds no tokenizer; cannot encode a text prompt")
+    cfg = model.config
+    ids = torch.tensor([tokenizer.encode(args.prompt).ids] * args.num_samples, dtype=torch.long)
+    if ids.shape[1] == 0 and cfg.arch == "decoder":
+        raise ValueError("the prompt is empty; pass --prompt TEXT")
+    eos = tokenizer.token_to_id(args.eos) if args.eos else None
+    generator = torch.Generator().manual_seed(args.seed)
+    enc_dec = cfg.arch == "encoder-decoder"
+    out = generate(
+        model.eval(),
+        None if enc_dec else ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        greedy=args.greedy,
+        eos_token_id=eos,
+        generator=generator,
+        encoder_input_ids=ids if enc_dec else None,
+    )
+    for i, row in enumerate(out.tolist()):
+        text = tokenizer.decode(row if enc_dec else row[ids.shape[1] :], skip_special_tokens=not enc_dec)
+        print(f"--- sample {i} ---\n{'' if enc_dec else args.prompt}{text}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from pretrain.models.hf import save_hf
+    from pretrain.training.checkpoint import load_model
+
+    model, _, tokenizer = load_model(args.checkpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_path = None
+        if tokenizer is not None:
+            tokenizer_path = Path(tmp) / "tokenizer.json"
+            tokenizer.save(str(tokenizer_path))
+        out = save_hf(model, args.out_dir, tokenizer_path)
+    print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
+    return 0
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from datamodules.tokenizer import train_bpe
+
+    run, _ = config.load(args.recipe, args.overrides)
+    t = run.tokenizer
+    path = Path(t.path)
+    if path.exists() and not args.force:
+        print(f"tokenizer {path} exists; reusing it (--force retrains)")
+        return 0
+    if not t.train_files:
+        raise ValueError(
+            f"tokenizer {path} does not exist and tokenizer.train_files is empty; list training text"
+        )
+    tokenizer = train_bpe(list(t.train_files), t.vocab_size, path, min_frequency=t.min_frequency)
+    print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens -> {path}")
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from datamodules.prepare import prepare
+
+    run, _ = config.load(args.recipe, args.overrides)
+    for source in run.data.sources:
+        if not source.text:
+            raise ValueError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
+        meta = prepare(
+            list(source.text),
+            run.tokenizer.path,
+            source.prepared,
+            val_fraction=run.data.val_fraction,
+            eos_token=run.tokenizer.special_tokens.get("eos"),
+            force=args.force,
+        )
+        counts = ", ".join(
+            f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items()
+        )
+        print(f"prepared {source.name} -> {source.prepared}: {counts}")
+    return 0
+
+
+def _recipe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML, e.g. recipes/gpt-tiny.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. trainer.max_steps=100")
+
+
+def add_fit_arguments(p: argparse.ArgumentParser) -> None:
+    _recipe_args(p)
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def add_validate_arguments(p: argparse.ArgumentParser) -> None:
+    _recipe_args(p)
+    p.add_argument("--ckpt", help="checkpoint (default: the newest valid one of the run)")
+
+
+def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
+    _recipe_args(p)
+    p.add_argument("--force", action="store_true", help="retrain even if the file exists")
+
+
+def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
+    _recipe_args(p)
+    p.add_argument("--force", action="store_true", help="overwrite prepared data")
+
+
+def add_generate_arguments(g: argparse.ArgumentParser) -> None:
+    g.add_argument("checkpoint", help="a .ckpt written by `pretrain fit` (or a sharded checkpoint directory)")
+    g.add_argument("--prompt", default="\n", help="prompt text (encoder input for encoder-decoder models)")
+    g.add_argument("--max-new-tokens", type=int, default=100)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature/top-k/top-p)")
+    g.add_argument("--num-samples", type=int, default=1)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--eos", default="</s>", help="stop token ('' to never stop early)")
+
+
+def add_export_arguments(e: argparse.ArgumentParser) -> None:
+    e.add_argument("checkpoint", help="a .ckpt (or a sharded FSDP/DeepSpeed checkpoint directory)")
+    e.add_argument("out_dir", help="output directory (config.json, model.safetensors, tokenizer)")

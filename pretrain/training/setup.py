@@ -1,0 +1,103 @@
+"""Everything a pretraining run builds before the Trainer: objective, datamodule, checkpoint to resume, module.
+
+Cheap, and it raises ``ValueError`` / ``FileNotFoundError`` on bad input (missing files, objective/architecture,
+tokenizer/vocab, foreign checkpoint) before any heavy work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import string
+from pathlib import Path
+from typing import Any
+
+from pretrain.config import RunConfig
+
+
+def build_objective(run: RunConfig, tokenizer: Any) -> Any:
+    """The configured objective, checked against the architecture and the tokenizer."""
+    import objectives
+    from datamodules.tokenizer import check_tokenizer
+
+    options = dict(run.objective.options)
+    if run.tokenizer.special_tokens and "special_tokens" in objectives.options(run.objective.name):
+        options.setdefault("special_tokens", dict(run.tokenizer.special_tokens))
+    objective = objectives.build(run.objective.name, tokenizer, **options)
+    objective.check_architecture(run.model.arch)
+    check_tokenizer(tokenizer, run.model.vocab_size, objective.required_tokens, run.tokenizer.special_tokens)
+    return objective
+
+
+def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
+    """The datamodule; ``ValueError`` when a prepared corpus was tokenized with another tokenizer."""
+    from datamodules.prepare import read_meta
+    from pretrain.training.module import PretrainData
+
+    digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+    for source in run.data.sources:
+        if read_meta(source.prepared).get("tokenizer_sha256") != digest:
+            raise ValueError(
+                f"{source.prepared} was prepared with another tokenizer than {run.tokenizer.path}; "
+                f"rerun `pretrain prepare` (with --force) or point data.sources at matching data"
+            )
+    return PretrainData(
+        [s.prepared for s in run.data.sources],
+        objective,
+        seq_len=run.data.seq_len,
+        micro_batch_size=run.data.micro_batch_size,
+        weights=[s.weight for s in run.data.sources],
+        num_workers=run.data.num_workers,
+        seed=run.seed,
+        val_batches=run.trainer.limit_val_batches,
+        accumulate_grad_batches=run.trainer.accumulate_grad_batches,
+    )
+
+
+def resume_path(run: RunConfig) -> Path | None:
+    """``resume``: None (fresh), ``auto`` (newest valid checkpoint of the run, if any) or a checkpoint path."""
+    from pretrain.training.checkpoint import find_resume
+
+    if run.resume is None:
+        return None
+    if run.resume == "auto":
+        return find_resume(run.checkpoint_dir)
+    path = Path(run.resume)
+    if not path.exists():
+        raise FileNotFoundError(f"resume={run.resume}: no such checkpoint (use resume=auto or resume=null)")
+    return path
+
+
+def new_run_id() -> str:
+    """A fresh W&B run id (8 lowercase letters / digits, as wandb makes them)."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
+    """Everything before the Trainer: tokenizer, objective, data, checkpoint to resume, module. Cheap, and it
+    raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint)."""
+    import lightning as L
+
+    from datamodules.tokenizer import load_tokenizer
+    from pretrain.training.checkpoint import check_compatible, payload
+    from pretrain.training.module import PretrainModule
+
+    tokenizer = load_tokenizer(run.tokenizer.path)
+    objective = build_objective(run, tokenizer)
+    datamodule = build_data(run, objective, tokenizer)
+    ckpt = resume_path(run)
+    wandb_id = None
+    if ckpt is not None:
+        saved = payload(ckpt)
+        check_compatible(saved["config"]["model"], resolved["model"], ckpt)
+        wandb_id = saved.get("wandb_run_id")
+    L.seed_everything(run.seed, verbose=False)
+    module = PretrainModule(
+        run,
+        objective,
+        resolved=resolved,
+        tokenizer_json=tokenizer.to_str(),
+        wandb_id=wandb_id or new_run_id(),
+    )
+    return {"tokenizer": tokenizer, "datamodule": datamodule, "module": module, "ckpt": ckpt}
