@@ -10,11 +10,107 @@ gradient norms exceed it, so clipping is part of what must agree.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from training_utils import metric_by_step, read_metrics, run_ranks, tiny_recipe, tiny_world  # noqa: F401
+from lightning.pytorch.strategies import DDPStrategy
+from training_utils import REPO_ROOT, metric_by_step, read_metrics, run_ranks, tiny_recipe, tiny_world  # noqa: F401
+
+from pretrain import config
+from pretrain.models.transformer import Block
+from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.lightning_compat import PerModuleSharding
+from pretrain.training.strategies import build_strategy, deepspeed_config
+
+GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+def load(*overrides: str, recipe: Path = GPT):
+    return config.load(recipe, list(overrides))
+
+
+def test_ddp_strategy():
+    run, _ = load("strategy.name=ddp", "strategy.ddp.process_group_backend=gloo")
+    strategy = build_strategy(run)
+    assert isinstance(strategy, DDPStrategy) and isinstance(strategy.checkpoint_io, AtomicCheckpointIO)
+    assert strategy._ddp_kwargs["find_unused_parameters"] is False
+    assert strategy._process_group_backend == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("sharding", "hybrid", "state_dict_type"),
+    [("FULL_SHARD", False, "sharded"), ("SHARD_GRAD_OP", False, "full"), ("HYBRID_SHARD", True, "sharded")],
+)
+def test_fsdp_strategy(sharding, hybrid, state_dict_type):
+    run, _ = load(
+        "strategy.name=fsdp",
+        f"strategy.fsdp.sharding_strategy={sharding}",
+        f"strategy.fsdp.state_dict_type={state_dict_type}",
+    )
+    strategy = build_strategy(run, {Block})
+    assert isinstance(strategy, PerModuleSharding) and strategy.hybrid is hybrid
+    assert strategy.parallelize.keywords["block_classes"] == (Block,)
+    assert strategy.parallelize.keywords["reshard_after_forward"] is (sharding != "SHARD_GRAD_OP")
+    assert strategy._save_distributed_checkpoint is (state_dict_type == "sharded")
+    assert isinstance(strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_fsdp_no_shard_points_to_ddp():
+    run, _ = load("strategy.name=fsdp", "strategy.fsdp.sharding_strategy=NO_SHARD")
+    with pytest.raises(ValueError, match="use strategy.name=ddp"):
+        build_strategy(run, {Block})
+
+
+def test_fsdp_recipe_piece():
+    run, _ = config.load(REPO_ROOT / "recipes" / "gpt2-350m.yaml")
+    assert run.strategy.name == "fsdp" and run.strategy.fsdp.sharding_strategy == "FULL_SHARD"
+
+
+@pytest.mark.parametrize(
+    ("piece", "stage", "optimizer", "params"),
+    [
+        ("deepspeed_zero1", 1, False, False),
+        ("deepspeed_zero2", 2, False, False),
+        ("deepspeed_zero2_offload", 2, True, False),
+        ("deepspeed_zero3", 3, False, False),
+        ("deepspeed_zero3_offload", 3, True, True),
+    ],
+)
+def test_deepspeed_configs(tmp_path, piece, stage, optimizer, params):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"defaults: [model/gpt-tiny, strategy/{piece}]\n")
+    run, _ = config.load(recipe)
+    ds = deepspeed_config(run)
+    assert ds["train_micro_batch_size_per_gpu"] == run.data.micro_batch_size  # not Lightning's guess of 1
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == stage
+    assert ("offload_optimizer" in zero) is optimizer and ("offload_param" in zero) is params
+    if optimizer:
+        assert zero["offload_optimizer"]["device"] == "cpu"
+
+
+def test_bad_deepspeed_settings():
+    run, _ = load(
+        "strategy.name=deepspeed", "strategy.deepspeed.stage=1", "strategy.deepspeed.offload_optimizer=true"
+    )
+    with pytest.raises(ValueError, match="needs ZeRO stage 2 or 3"):
+        deepspeed_config(run)
+    run, _ = load(
+        "strategy.name=deepspeed", "strategy.deepspeed.stage=2", "strategy.deepspeed.offload_parameters=true"
+    )
+    with pytest.raises(ValueError, match="needs ZeRO stage 3"):
+        deepspeed_config(run)
+
+
+@pytest.mark.skipif(HAS_DEEPSPEED, reason="checks the message shown when deepspeed is missing")
+def test_deepspeed_without_the_package_is_a_clear_error():
+    run, _ = load("strategy.name=deepspeed")
+    with pytest.raises(ValueError, match="pip install"):
+        build_strategy(run)
+
 
 WORKER = Path(__file__).with_name("strategy_worker.py")
 STRATEGY = {
@@ -51,7 +147,12 @@ def matrix(tmp_path_factory, tiny_world):  # noqa: F811
                 directory,
                 tiny_world,
                 kind,
-                trainer={"devices": 2, "max_steps": 10, "val_check_interval": 100, "accumulate_grad_batches": k},
+                trainer={
+                    "devices": 2,
+                    "max_steps": 10,
+                    "val_check_interval": 100,
+                    "accumulate_grad_batches": k,
+                },
                 checkpoint={"every_n_steps": 100, "save_top_k": 0},
             )
             name = f"{group}.{strategy}"
@@ -71,7 +172,8 @@ CELLS = [(group_name(kind, k, extra), s) for kind, k, extra, strategies in GROUP
 def test_strategy_matches_ddp(matrix, group, strategy):
     root, layout = matrix
     losses = {
-        name: metric_by_step(read_metrics(layout[group][name] / "run"), "train/loss") for name in ("ddp", strategy)
+        name: metric_by_step(read_metrics(layout[group][name] / "run"), "train/loss")
+        for name in ("ddp", strategy)
     }
     assert sorted(losses["ddp"]) == list(range(10)) and len(set(losses["ddp"].values())) > 1
     assert sorted(losses[strategy]) == list(range(10))

@@ -100,10 +100,12 @@ class DDPConfig:
 
 @dataclass
 class FSDPConfig:
+    """FSDP2 ``fully_shard`` per block: FULL_SHARD reshards parameters after forward, SHARD_GRAD_OP keeps them
+    gathered until backward, HYBRID_SHARD shards within a node and replicates across nodes (NO_SHARD: use DDP)."""
+
     sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
     state_dict_type: Literal["full", "sharded"] = "sharded"
     cpu_offload: bool = False
-    limit_all_gathers: bool = True
 
 
 @dataclass
@@ -201,10 +203,6 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         )
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
-    if run.strategy.name == "deepspeed" and run.trainer.compile:
-        raise ValueError(
-            "trainer.compile is not supported with strategy deepspeed; set trainer.compile=false"
-        )
     return run
 
 
