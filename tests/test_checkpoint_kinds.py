@@ -73,7 +73,7 @@ def test_layout_is_complete_and_atomic(kinds, name):
     names = sorted(p.name for p in checkpoints.iterdir())
     assert "last.ckpt" in names and len(names) == 2, names  # + the best one; no temporary leftovers
     if name == "deepspeed":  # the engine's micro-batch is the real one, not Lightning's fallback of 1
-        states = next(last(kinds[name]).glob("checkpoint/mp_rank_00_model_states.pt"))
+        states = next(last(kinds[name]).glob("checkpoint/*mp_rank_00_model_states.pt"))
         ds_config = torch.load(states, weights_only=False)["ds_config"]  # DeepSpeed's own (trusted) pickle
         assert ds_config["train_micro_batch_size_per_gpu"] == 4
 
