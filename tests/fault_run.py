@@ -7,6 +7,7 @@ Lightning's DDP launcher re-runs for every rank):
     nan@STEP[:RANK]     the gradient of step STEP is NaN (on RANK only; default every rank)
     lr@A-B:FACTOR       the learning rate of steps A..B-1 is multiplied by FACTOR (a spike)
     hang@STEP[:RANK]    step STEP sleeps for 10 minutes
+    crash@STEP          step STEP raises (after the checkpoints of the steps before it)
     enospc@STEP         from step STEP on, every checkpoint write fails with ENOSPC after writing some bytes
     undo@STEP           the reference: weights and optimizer state are put back after step STEP's update
 """
@@ -25,6 +26,10 @@ from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 REAL_SAVE = torch.save
+
+
+class InjectedCrash(RuntimeError):
+    pass
 
 
 def parse(spec: str) -> list[tuple[str, str]]:
@@ -57,6 +62,8 @@ class FaultInjector(Callback):
                         group["lr"] *= float(factor)
             elif kind == "hang" and self._at(arg, trainer):
                 time.sleep(600)
+            elif kind == "crash" and self._at(arg, trainer):
+                raise InjectedCrash(f"injected crash at step {arg}")
             elif kind == "enospc" and trainer.global_step >= int(arg):
                 fail_checkpoint_writes()
             elif kind == "undo" and self._at(arg, trainer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fault_run import InjectedCrash
 from fault_run import main as fit_with_faults
 from training_utils import (  # noqa: F401
     metric_by_step,
@@ -23,14 +24,8 @@ STEPS = 8
 def recipe(directory, world, **sections):
     directory.mkdir()
     trainer = {"max_steps": STEPS, "val_check_interval": 100, **sections.pop("trainer", {})}
-    return tiny_recipe(
-        directory,
-        world,
-        "gpt",
-        trainer=trainer,
-        checkpoint={"every_n_steps": 100, "save_top_k": 0},
-        **sections,
-    )
+    checkpoint = {"every_n_steps": 100, "save_top_k": 0, **sections.pop("checkpoint", {})}
+    return tiny_recipe(directory, world, "gpt", trainer=trainer, checkpoint=checkpoint, **sections)
 
 
 def guard_state(run_dir) -> dict:
@@ -51,3 +46,56 @@ def test_nan_gradient_step_is_skipped_and_equals_a_run_without_that_update(tmp_p
     assert state["nonfinite_steps"] == 1 and [e["step"] for e in state["events"]] == [3]
     logged = metric_by_step(read_metrics(tmp_path / "nan" / "run"), "guard/nonfinite_steps")
     assert logged == {3: 1.0}
+
+
+SPIKE = {"snapshot_every": 4, "spike": {"enabled": True, "k": 3.0, "m": 2, "window": 20, "min_history": 4}}
+
+
+def test_spike_rolls_back_skips_its_data_and_ends_near_the_clean_run(tmp_path, tiny_world):  # noqa: F811
+    """The learning rate of steps 8-9 is multiplied by 300: the loss jumps from ~5.9 to ~15; the guard rolls
+    back to the snapshot of step 8, skips the samples read since, and the run ends close to the clean one."""
+    common = {"trainer": {"max_steps": 20, "val_check_interval": 20}, "optim": {"decay_steps": 20}}
+    clean = recipe(tmp_path / "clean", tiny_world, **common)
+    guarded = recipe(tmp_path / "guarded", tiny_world, guards=SPIKE, **common)
+    assert fit_with_faults("-", ["fit", str(clean)]) == 0
+    assert fit_with_faults("lr@8-10:300", ["fit", str(guarded)]) == 0
+    rows = {name: read_metrics(tmp_path / name / "run") for name in ("clean", "guarded")}
+    train = metric_by_step(rows["guarded"], "train/loss")
+    assert max(train.values()) > 2 * metric_by_step(rows["clean"], "train/loss")[9]  # the fault did hit
+    (event,) = guard_state(tmp_path / "guarded" / "run")["events"]
+    assert event["event"] == "rollback_spike" and event["to_step"] == 8 and event["step"] == 10
+    batch = 4  # micro_batch_size x 1 rank: steps 8, 9 and 10 read the skipped samples
+    assert event["skipped_samples"] == [(0, 8 * batch), (0, 11 * batch)]
+    assert metric_by_step(rows["guarded"], "guard/rollback_to_step") == {10: 8.0}
+    assert metric_by_step(rows["guarded"], "guard/skipped_from_sample") == {10: 32.0}
+    val = {name: metric_by_step(rows[name], "val/loss")[19] for name in rows}
+    assert abs(val["guarded"] - val["clean"]) < 0.15, val  # 3 steps of progress lost: ~0.1 at this point
+
+    # a run stopped mid-spike (checkpoint at step 10, one anomalous step seen) and resumed decides the same
+    resumed = recipe(tmp_path / "resumed", tiny_world, guards=SPIKE, **common)
+    with pytest.raises(InjectedCrash):
+        fit_with_faults("lr@8-10:300,crash@10", ["fit", str(resumed), "checkpoint.every_n_steps=10"])
+    saved = guard_state(tmp_path / "resumed" / "run")
+    assert saved["spike_streak"] == 1 and saved["snapshot"]["step"] == 8  # the rollback target travels along
+    assert fit_with_faults("lr@8-10:300", ["fit", str(resumed)]) == 0
+    assert guard_state(tmp_path / "resumed" / "run")["events"] == [event]
+    a, b = (model_weights(tmp_path / name / "run/checkpoints/last.ckpt") for name in ("guarded", "resumed"))
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_enospc_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_world, capsys):  # noqa: F811
+    from pretrain.training.checkpoint import find_resume
+
+    run_dir = tmp_path / "full" / "run"
+    full = recipe(tmp_path / "full", tiny_world, checkpoint={"every_n_steps": 3, "save_top_k": 0})
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / ".last.ckpt.stale.tmp").write_bytes(b"\0" * 10)  # from a killed write
+    assert fit_with_faults("enospc@5", ["fit", str(full)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "last.ckpt" in err[0], err
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))  # the stale one was freed, the new one removed
+    assert find_resume(run_dir / "checkpoints") == run_dir / "checkpoints" / "last.ckpt"
+    assert read(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 3
+    assert fit_with_faults("-", ["fit", str(full)]) == 0  # space is back: resume=auto continues from step 3
+    assert read(run_dir / "checkpoints" / "last.ckpt")["global_step"] == STEPS

@@ -118,9 +118,6 @@ class StepGuard(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
         if idx % trainer.accumulate_grad_batches == 0:
             self._loss = torch.zeros((), device=pl_module.device)
-            every = self.config.snapshot_every
-            if every and trainer.global_step % every == 0:
-                self._take_snapshot(trainer)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -169,12 +166,15 @@ class StepGuard(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        """Back to the schedule's learning rate (unless the scheduler has set the next one already)."""
+        """Back to the schedule's learning rate (unless the scheduler has set the next one already); snapshot."""
         if self._lr_scaled is not None:
             for group, (lr, scaled) in zip(trainer.optimizers[0].param_groups, self._lr_scaled):
                 if group["lr"] == scaled:
                     group["lr"] = lr
             self._lr_scaled = None
+        every = self.config.snapshot_every
+        if (idx + 1) % trainer.accumulate_grad_batches == 0 and every and trainer.global_step % every == 0:
+            self._take_snapshot(trainer)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _threshold(self) -> float:
