@@ -4,11 +4,17 @@ previous checkpoint."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from fault_run import InjectedCrash
 from fault_run import main as fit_with_faults
 from training_utils import (  # noqa: F401
+    REPO_ROOT,
+    cli_env,
     metric_by_step,
     model_weights,
     read_metrics,
@@ -19,6 +25,7 @@ from training_utils import (  # noqa: F401
 from pretrain.training.checkpoint import read
 
 STEPS = 8
+FAULT_RUN = Path(__file__).with_name("fault_run.py")
 
 
 def recipe(directory, world, **sections):
@@ -37,8 +44,9 @@ def test_nan_gradient_step_is_skipped_and_equals_a_run_without_that_update(tmp_p
     reference = recipe(tmp_path / "undo", tiny_world)
     assert fit_with_faults("nan@3", ["fit", str(guarded)]) == 0
     assert fit_with_faults("undo@3", ["fit", str(reference)]) == 0
-    a, b = model_weights(tmp_path / "nan/run/checkpoints/last.ckpt"), model_weights(
-        tmp_path / "undo/run/checkpoints/last.ckpt"
+    a, b = (
+        model_weights(tmp_path / "nan/run/checkpoints/last.ckpt"),
+        model_weights(tmp_path / "undo/run/checkpoints/last.ckpt"),
     )
     for key in b:
         assert torch.equal(a[key], b[key]), key
@@ -99,3 +107,54 @@ def test_enospc_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_world
     assert read(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 3
     assert fit_with_faults("-", ["fit", str(full)]) == 0  # space is back: resume=auto continues from step 3
     assert read(run_dir / "checkpoints" / "last.ckpt")["global_step"] == STEPS
+
+
+HANG = {"hang": {"factor": 5.0, "min_seconds": 2.0, "startup_seconds": 60.0}}
+DDP = {"name": "ddp", "ddp": {"process_group_backend": "gloo"}}
+
+
+def fault_script(spec: str, recipe_path, timeout: float = 300):
+    return subprocess.run(
+        [sys.executable, str(FAULT_RUN), spec, "fit", str(recipe_path)],
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_hang_dumps_every_ranks_stacks_and_exits_nonzero(tmp_path, tiny_world, ranks):  # noqa: F811
+    """Step 5 of the last rank sleeps 10 minutes: within the configured 2 s (5 x the median step), every rank
+    writes its Python stacks -- the sleeping one, and the one blocked in the all-reduce waiting for it -- and
+    the run exits with status 1, long before the sleep would end (the subprocess timeout is 5 minutes)."""
+    ddp = {"strategy": DDP, "trainer": {"devices": 2}} if ranks == 2 else {}
+    path = recipe(tmp_path / "hang", tiny_world, guards=HANG, **ddp)
+    proc = fault_script(f"hang@5:{ranks - 1}", path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_dir = tmp_path / "hang" / "run"
+    dumps = {p.name: p.read_text() for p in run_dir.glob("hang-rank*.txt")}
+    assert sorted(dumps) == [f"hang-rank{r}.txt" for r in range(ranks)]
+    for name, text in dumps.items():
+        assert text.startswith("Timeout (0:00:02)!"), text
+        assert (
+            "on_train_batch_start" in text if name.endswith(f"{ranks - 1}.txt") else "training_step" in text
+        )
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()  # it never reached the end
+
+
+def test_nan_on_one_of_two_ranks_is_skipped_on_both(tmp_path, tiny_world):  # noqa: F811
+    """Rank 1's gradient of step 3 is NaN: both ranks skip the step (one all-reduced decision); the weights
+    equal one process with the whole batch whose step-3 update is undone."""
+    two = recipe(tmp_path / "two", tiny_world, strategy=DDP, trainer={"devices": 2})
+    one = recipe(tmp_path / "one", tiny_world, data={"micro_batch_size": 8})
+    proc = fault_script("nan@3:1", two)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert fit_with_faults("undo@3", ["fit", str(one)]) == 0
+    a, b = (model_weights(tmp_path / name / "run/checkpoints/last.ckpt") for name in ("two", "one"))
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)  # reduction order
+    state = guard_state(tmp_path / "two" / "run")
+    assert state["nonfinite_steps"] == 1 and [e["step"] for e in state["events"]] == [3]

@@ -262,7 +262,9 @@ def _check_optim(o: OptimConfig) -> None:
     if not o.lr > 0:
         raise ValueError(f"optim.lr must be > 0, got {o.lr}")
     if o.eps <= 0 or o.weight_decay < 0:
-        raise ValueError(f"optim.eps must be > 0 and optim.weight_decay >= 0, got {o.eps} and {o.weight_decay}")
+        raise ValueError(
+            f"optim.eps must be > 0 and optim.weight_decay >= 0, got {o.eps} and {o.weight_decay}"
+        )
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
     if o.warmup_steps < 0 or not 0 <= o.min_lr_ratio <= 1:

@@ -94,10 +94,13 @@ class StepGuard(Callback):
             "lr_steps_left": self.lr_steps_left,
             "events": list(self.events),
         }
-        sharded = trainer is not None and trainer.world_size > 1 and not _replicated(trainer)
-        if self.snapshot is not None and trainer is not None and not sharded:
-            if self.snapshot["step"] != trainer.global_step:
-                state["snapshot"] = self.snapshot
+        if (
+            self.snapshot is not None
+            and trainer is not None
+            and (trainer.world_size == 1 or _replicated(trainer))  # a shard of rank 0 is no use to others
+            and self.snapshot["step"] != trainer.global_step
+        ):
+            state["snapshot"] = self.snapshot
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -115,7 +118,9 @@ class StepGuard(Callback):
         if self.snapshot is None:
             self._take_snapshot(trainer, force=True)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
         if idx % trainer.accumulate_grad_batches == 0:
             self._loss = torch.zeros((), device=pl_module.device)
 
@@ -159,7 +164,9 @@ class StepGuard(Callback):
                 self.history.append(loss)
         if self.lr_steps_left > 0:
             self.lr_steps_left -= 1
-            self._lr_scaled = [(group["lr"], group["lr"] * spike.lr_factor) for group in optimizer.param_groups]
+            self._lr_scaled = [
+                (group["lr"], group["lr"] * spike.lr_factor) for group in optimizer.param_groups
+            ]
             for group, (_, scaled) in zip(optimizer.param_groups, self._lr_scaled):
                 group["lr"] = scaled
 
@@ -302,7 +309,9 @@ class HangGuard(Callback):
             self._file = open(self.run_dir / f"hang-rank{trainer.global_rank}.txt", "w")  # noqa: SIM115
         faulthandler.dump_traceback_later(self.timeout(), exit=True, file=self._file)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
         now = time.monotonic()
         if self._last is not None:
             self.durations.append(now - self._last)
@@ -327,7 +336,9 @@ class HangGuard(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._disarm()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         self._disarm()
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from collections.abc import Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
