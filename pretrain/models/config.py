@@ -204,8 +204,8 @@ class ModelConfig:
         _in_range("attention_seed", self.attention_seed, 0, 2**63 - 1, "a generator seed")
         if self.attention_global_token_ids and self.arch == "decoder":
             raise ValueError(
-                "ModelConfig.attention_global_token_ids applies to encoders (arch 'encoder' or "
-                "'encoder-decoder'); decoders use attention_global_tokens"
+                "ModelConfig.attention_global_token_ids must be empty for arch='decoder' (it applies to "
+                "encoders); decoders use attention_global_tokens"
             )
         for token in self.attention_global_token_ids:
             _in_range("attention_global_token_ids", token, 0, self.vocab_size - 1, "token ids < vocab_size")
