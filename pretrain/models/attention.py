@@ -21,7 +21,8 @@ identically. One pattern is shared by all heads and layers (BigBird draws one pe
 
 flex_attention has no backward on CPU (torch 2.13 raises NotImplementedError) and no dropout, and a compiled
 kernel recompiles for every new key length; so the flex backend computes through SDPA, on the dense mask of the
-same ``mask_mod``, for CPU training steps and for KV-cache steps (past_len > 0).
+same ``mask_mod``, for CPU training steps, for training with attention dropout and for KV-cache steps
+(past_len > 0).
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ _FLEX = torch.compile(flex_attention, dynamic=False)
 class AttentionMask:
     """One stack's mask (shared by its layers) in the form its backend needs, built once per forward.
 
-    ``x``: the stack input (B, T, d); its device and whether it needs gradients pick flex or SDPA. ``bias``: T5
+    ``x``: the stack input (B, T, d); its device and whether it needs gradients pick flex or SDPA, as does
+    ``dropout`` (attention dropout is active: flex has none). ``bias``: T5
     relative bias as ``(dense () -> (B|1, h, T, S), score_mod)``; SDPA gets the dense bias with the mask folded
     in (masked logits = finfo.min), flex_attention the score_mod. ``cache``: a dict kept by the stack; block masks
     that depend only on shapes (no padding, documents, prefixes, global ids) are reused across steps.
@@ -183,9 +185,11 @@ class AttentionMask:
         x: Tensor,
         bias: tuple[Callable[[], Tensor], ScoreMod] | None = None,
         cache: dict | None = None,
+        dropout: bool = False,
     ) -> None:
         grad = torch.is_grad_enabled() and x.requires_grad
-        self.flex = backend == "flex" and not inputs.past_len and not (grad and x.device.type in ("cpu", "mps"))
+        cpu_grad = grad and x.device.type in ("cpu", "mps")
+        self.flex = backend == "flex" and not inputs.past_len and not cpu_grad and not dropout
         self.score_mod = bias[1] if bias is not None and self.flex else None
         self.block_mask = self._block_mask(inputs, x.device, cache) if self.flex else None
         self.dense, self.is_causal = None, False

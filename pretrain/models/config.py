@@ -209,11 +209,6 @@ class ModelConfig:
             )
         for token in self.attention_global_token_ids:
             _in_range("attention_global_token_ids", token, 0, self.vocab_size - 1, "token ids < vocab_size")
-        if self.attention == "flex" and self.attn_dropout:
-            raise ValueError(
-                f"ModelConfig.attn_dropout must be 0 with attention='flex' (flex_attention has no dropout), "
-                f"got {self.attn_dropout}"
-            )
 
     @property
     def sparse(self) -> bool:

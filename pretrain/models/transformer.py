@@ -14,6 +14,7 @@ computed by SDPA (dense mask) or flex_attention (block mask + score_mod) as ``co
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -365,13 +366,13 @@ class Stack(nn.Module):
                 partial(self.relative_bias, positions, k_pos),
                 self.relative_bias.score_mod(positions, k_pos, B),
             )
-        backend = self.config.attention
-        mask = AttentionMask(inputs, backend, x, bias, self.block_masks)
+        backend, dropout = self.config.attention, self.training and self.config.attn_dropout > 0
+        mask = AttentionMask(inputs, backend, x, bias, self.block_masks, dropout)
         rope = self.rope(positions) if self.rope is not None else None
         cross_mask = None  # padded encoder positions are never attended
         if memory_mask is not None:
             cross = MaskInputs(T, memory_mask.shape[1], cross=True, key_mask=memory_mask)
-            cross_mask = AttentionMask(cross, backend, x)
+            cross_mask = AttentionMask(cross, backend, x, dropout=dropout)
         for i, block in enumerate(self.blocks):
             args = (x, mask, rope, memory, cross_mask, cache, i)
             x = checkpoint(block, *args, use_reentrant=False) if checkpointing else block(*args)
@@ -609,6 +610,12 @@ class Transformer(nn.Module):
             )
         if absolute and position_ids is not None and int(position_ids.max()) >= cfg.max_seq_len:
             raise ValueError(f"position_ids reach {int(position_ids.max())} >= max_seq_len={cfg.max_seq_len}")
+
+    def set_attention(self, backend: str) -> Transformer:
+        """Compute attention with ``backend`` ('sdpa' | 'flex') from now on; same weights, same function."""
+        dataclasses.replace(self.config, attention=backend)  # validates: ValueError naming the field
+        self.config.attention = backend  # shared by the stacks, read at every forward
+        return self
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Number of (unique) parameters; ``exclude_embeddings`` drops the token, position and segment tables
