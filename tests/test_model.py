@@ -305,6 +305,34 @@ def test_gradient_checkpointing_gives_same_gradients():
     torch.testing.assert_close(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("name", ["bert", "gpt", "t5"])
+def test_head_at_target_positions_equals_all_positions(name):
+    """Loss and every gradient of the gathered head (transform + decoder on N positions) equal those of the
+    all-positions computation with ignored labels, in float64."""
+    model = tiny(name).double()  # eval: no dropout
+    x = ids(3, 16)
+    labels = ids(3, 16, seed=2).masked_fill(
+        torch.rand(3, 16, generator=torch.Generator().manual_seed(3)) > 0.2, -100
+    )
+    positions = (labels.flatten() != -100).nonzero().squeeze(1)
+    kw = {"decoder_input_ids": x} if name == "t5" else {}
+    results = []
+    for target_positions in (None, positions):
+        model.zero_grad()
+        logits = model(x, target_positions=target_positions, **kw).logits
+        flat_labels = labels.flatten() if target_positions is None else labels.flatten()[positions]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, V), flat_labels, ignore_index=-100, reduction="sum"
+        )
+        loss.backward()
+        results.append((logits.shape, loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (shape_all, loss_all, grads_all), (shape_gathered, loss_gathered, grads_gathered) = results
+    assert shape_all == (3, 16, V) and shape_gathered == (len(positions), V) and 0 < len(positions) < 20
+    torch.testing.assert_close(loss_gathered, loss_all, rtol=1e-12, atol=0)
+    for g_all, g_gathered in zip(grads_all, grads_gathered, strict=True):
+        torch.testing.assert_close(g_gathered, g_all, rtol=1e-10, atol=1e-12)
+
+
 def test_init_schemes():
     gpt = tiny("gpt", d_model=256, n_head=4, n_layer=8, d_ff=512)
     block = gpt.decoder.blocks[0]

@@ -40,7 +40,7 @@ ACT_FNS = {
 
 @dataclass
 class ModelOutput:
-    logits: Tensor | None  # (B, T, V); None without an LM head
+    logits: Tensor | None  # (B, T, V), or (N, V) at ``target_positions``; None without an LM head
     hidden_states: Tensor  # (B, T, d) after the final norm; decoder side for encoder-decoder
     encoder_hidden_states: Tensor | None = None  # (B, S, d) encoder-decoder (None when taken from cache)
     pooled_output: Tensor | None = None  # (B, d) with config.pooler
@@ -469,11 +469,17 @@ class Transformer(nn.Module):
         decoder_attention_mask: Tensor | None = None,
         cache: KVCache | None = None,
         use_cache: bool = False,
+        target_positions: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) 1 = real, 0 = padding; token_type_ids, position_ids,
         document_ids (B, T) (block-diagonal attention within equal ids); prefix_lengths (B,) (decoder: the first
         prefix_lengths[b] tokens attend bidirectionally). Encoder-decoder: input_ids feed the encoder,
-        decoder_input_ids (B, T_dec) the decoder. With ``cache`` only the new tokens are passed."""
+        decoder_input_ids (B, T_dec) the decoder. With ``cache`` only the new tokens are passed.
+
+        target_positions (N,): indices into the flattened (B * T) output positions (decoder side for
+        encoder-decoder); the LM head (and BERT's transform) then runs on those N positions only and ``logits``
+        is (N, V) -- the rows of the all-positions logits ``logits.flatten(0, 1)[target_positions]``, at
+        N / (B T) of the head's cost (MLM predicts ~15 % of positions)."""
         cfg = self.config
         if cfg.arch != "decoder" and prefix_lengths is not None:
             raise ValueError("prefix_lengths is only supported for arch='decoder' (prefix-LM)")
@@ -522,8 +528,9 @@ class Transformer(nn.Module):
                 memory_mask=memory_mask,
                 cache=cache,
             )
+        head_input = hidden if target_positions is None else hidden.flatten(0, 1)[target_positions]
         return ModelOutput(
-            logits=self.logits(hidden) if self.lm_head is not None else None,
+            logits=self.logits(head_input) if self.lm_head is not None else None,
             hidden_states=hidden,
             encoder_hidden_states=encoder_hidden,
             pooled_output=self.pooler(hidden) if self.pooler is not None else None,
@@ -546,7 +553,7 @@ class Transformer(nn.Module):
         )
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Final hidden states (B, T, d) -> logits (B, T, V)."""
+        """Final hidden states (..., d) -> logits (..., V)."""
         if self.config.logit_scale != 1.0:
             hidden = hidden * self.config.logit_scale
         if self.mlm_transform is not None:
@@ -626,7 +633,9 @@ class Transformer(nn.Module):
             n -= sum(t.weight.numel() for t in tables if t is not None)
         return n
 
-    def flops_per_token(self, seq_len: int, decoder_seq_len: int | None = None) -> float:
+    def flops_per_token(
+        self, seq_len: int, decoder_seq_len: int | None = None, head_positions: float | None = None
+    ) -> float:
         """Training (forward + backward) matmul FLOPs per input token, i.e. the 6N + 12 L h d_h T rule
         (Kaplan et al. 2020) made exact for this model:
 
@@ -636,8 +645,9 @@ class Transformer(nn.Module):
         where W runs over every linear weight (attention, MLP, MLM transform, LM head, tied or not, pooler) and
         tokens(W) is how many positions it is applied to: seq_len (= S) for the encoder / decoder-only stack,
         decoder_seq_len (= T, default S) for the encoder-decoder decoder and its LM head, S for cross-attention
-        k, v projections, 1 for the pooler. Attention terms: S*S per encoder layer, T*T (self) + T*S (cross) per
-        decoder layer (decoder-only: S*S). Causal masking is not discounted (SDPA computes full tiles), and
+        k, v projections, 1 for the pooler, head_positions (default T; fewer with ``target_positions``) for the
+        MLM transform and LM head. Attention terms: S*S per encoder layer, T*T (self) + T*S (cross) per decoder
+        layer (decoder-only: S*S). Causal masking is not discounted (SDPA computes full tiles), and
         embeddings, norms, biases and softmax are not counted. Forward = 1/3 of it.
         """
         cfg = self.config
@@ -658,5 +668,9 @@ class Transformer(nn.Module):
             cross = T * S if cfg.arch == "encoder-decoder" else 0
             flops += 6 * (linear(self.decoder) - cross_kv) * T + 6 * cross_kv * S
             flops += per_attention * len(self.decoder.blocks) * (T * T + cross)
-        flops += 6 * (linear(self.mlm_transform) + linear(self.lm_head)) * T
+        flops += (
+            6
+            * (linear(self.mlm_transform) + linear(self.lm_head))
+            * (T if head_positions is None else head_positions)
+        )
         return flops / seq_len
