@@ -87,7 +87,9 @@ def inputs(family: str, kind: str) -> dict:
     if family == "t5":
         kw["decoder_input_ids"] = torch.randint(3, V, (2, 19), generator=g)
         if kind == "padding":
-            kw["decoder_attention_mask"] = torch.ones(2, 19, dtype=torch.long).index_fill(1, torch.arange(15, 19), 0)
+            kw["decoder_attention_mask"] = torch.ones(2, 19, dtype=torch.long).index_fill(
+                1, torch.arange(15, 19), 0
+            )
     return kw
 
 

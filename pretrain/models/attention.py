@@ -130,7 +130,9 @@ class MaskInputs:
             p = q + past
             sparse = []  # alternatives a sparse pattern allows
             if pattern is not None and pattern.window:
-                sparse.append((p - k < pattern.window) if pattern.causal else ((p - k).abs() < pattern.window))
+                sparse.append(
+                    (p - k < pattern.window) if pattern.causal else ((p - k).abs() < pattern.window)
+                )
             if pattern is not None and pattern.global_tokens:
                 sparse.append((k < pattern.global_tokens) | (p < pattern.global_tokens))
             if table is not None:
@@ -162,7 +164,9 @@ class MaskInputs:
         b = arange(self.batch)[:, None, None, None]
         q, k = arange(self.query_len)[:, None], arange(self.key_len)[None, :]
         allowed = self.mask_mod(device)(b, torch.zeros((), dtype=torch.long, device=device), q, k)
-        return allowed.expand(-1, 1, self.query_len, self.key_len) if allowed.dim() == 4 else allowed[None, None]
+        return (
+            allowed.expand(-1, 1, self.query_len, self.key_len) if allowed.dim() == 4 else allowed[None, None]
+        )
 
 
 _FLEX = torch.compile(flex_attention, dynamic=False)

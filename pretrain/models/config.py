@@ -90,9 +90,13 @@ class ModelConfig:
     # Attention backend and sparse long-context pattern (pretrain.models.attention). The sparse fields combine
     # as in BigBird: sliding window | global tokens | random blocks, then causality, documents and padding.
     attention: str = "sdpa"  # sdpa (F.scaled_dot_product_attention, dense masks) | flex (flex_attention)
-    attention_window: int = 0  # sliding window: decoder 0 <= q - k < w (Mistral), encoder |q - k| < w; 0 = off
+    attention_window: int = (
+        0  # sliding window: decoder 0 <= q - k < w (Mistral), encoder |q - k| < w; 0 = off
+    )
     attention_global_tokens: int = 0  # the first k positions attend to and are attended by every position
-    attention_global_token_ids: list[int] = field(default_factory=list)  # encoder tokens global wherever they occur
+    attention_global_token_ids: list[int] = field(
+        default_factory=list
+    )  # encoder tokens global wherever they occur
     attention_random_blocks: int = 0  # BigBird: r random key blocks per query block (seeded, reproducible)
     attention_block_size: int = 128  # block of the random pattern and of flex's BlockMask
     attention_seed: int = 0  # seed of the random-block pattern
@@ -186,7 +190,12 @@ class ModelConfig:
         n = self.max_seq_len
         block = self.attention_block_size
         high = n if self.attention_random_blocks else 2**16  # random blocks need whole blocks in the sequence
-        if isinstance(block, bool) or not isinstance(block, int) or not 16 <= block <= high or block & (block - 1):
+        if (
+            isinstance(block, bool)
+            or not isinstance(block, int)
+            or not 16 <= block <= high
+            or block & (block - 1)
+        ):
             raise ValueError(
                 f"ModelConfig.attention_block_size must be a power of two in [16, {high}] (flex_attention "
                 f"tiles{'; random blocks need block <= max_seq_len' if high == n else ''}), got {block!r}"

@@ -357,7 +357,16 @@ class Stack(nn.Module):
             past = cache.seq_len
             key_mask = cache.extend_mask(key_mask, B, T)
         inputs = MaskInputs(
-            T, past + T, past, self.causal, False, key_mask, document_ids, prefix_lengths, global_ids, self.pattern
+            T,
+            past + T,
+            past,
+            self.causal,
+            False,
+            key_mask,
+            document_ids,
+            prefix_lengths,
+            global_ids,
+            self.pattern,
         )
         bias = None
         if self.relative_bias is not None:  # T5: bias b[h, bucket(k - q)] on the logits
