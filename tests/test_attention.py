@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_model import VARIANTS
 
 from pretrain.models.attention import AttentionMask, MaskInputs, SparsePattern, attend, random_block_table
 from pretrain.models.config import ModelConfig
@@ -19,28 +20,8 @@ from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
 
 V, T = 61, 40
-FAMILIES = {
-    "gpt": {"arch": "decoder"},
-    "llama": {
-        "arch": "decoder",
-        "norm": "rmsnorm",
-        "norm_bias": False,
-        "position": "rope",
-        "activation": "swiglu",
-        "n_kv_head": 1,
-    },
-    "bert": {"arch": "encoder", "norm_position": "post", "embedding_norm": True, "type_vocab_size": 2},
-    "t5": {
-        "arch": "encoder-decoder",
-        "norm": "rmsnorm",
-        "norm_bias": False,
-        "position": "relative",
-        "attn_scale": "none",
-        "relative_num_buckets": 8,
-        "relative_max_distance": 16,
-        "init": "t5",
-        "decoder_start_token_id": 0,
-    },
+FAMILIES = {name: VARIANTS[name] for name in ("gpt", "llama", "bert")} | {
+    "t5": VARIANTS["t5"] | {"decoder_start_token_id": 0, "logit_scale": 1.0}
 }
 SPARSE = {
     "window": {"attention_window": 7},
