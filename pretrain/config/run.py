@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pretrain.config.compose import compose, structured
 from pretrain.models.config import ModelConfig
 
-OBJECTIVES = ("clm", "mlm", "span_corruption", "prefix_lm", "ul2")
+ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 
@@ -22,7 +22,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 class ObjectiveConfig:
     """``objectives.build(name, tokenizer, **options)``."""
 
-    name: Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"] = "clm"
+    name: ObjectiveName = "clm"
     options: dict[str, Any] = field(default_factory=dict)
 
 
