@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, Strategy
@@ -75,6 +76,11 @@ def shard_blocks(
             fully_shard(child, **options)
 
 
+def collective_timeout(run: RunConfig) -> timedelta:
+    """How long a collective may wait: past the hang guard's stack dump (``guards.hang``)."""
+    return timedelta(seconds=run.guards.hang.collective_timeout_seconds)
+
+
 def build_fsdp(run: RunConfig, block_classes: Iterable[type[nn.Module]]) -> Strategy:
     from functools import partial
 
@@ -93,6 +99,7 @@ def build_fsdp(run: RunConfig, block_classes: Iterable[type[nn.Module]]) -> Stra
         parallelize,
         hybrid=fsdp.sharding_strategy == "HYBRID_SHARD",
         save_distributed_checkpoint=fsdp.state_dict_type == "sharded",
+        timeout=collective_timeout(run),
     )
     strategy.checkpoint_io = AtomicCheckpointIO()  # state_dict_type=full: one file, written by rank 0
     return strategy
@@ -109,7 +116,7 @@ def build_deepspeed(run: RunConfig) -> Strategy:
         ) from err
     from pretrain.training.lightning_compat import DeepSpeedAnyDevice
 
-    return DeepSpeedAnyDevice(config=deepspeed_config(run))
+    return DeepSpeedAnyDevice(config=deepspeed_config(run), timeout=collective_timeout(run))
 
 
 def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
@@ -122,6 +129,7 @@ def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()
             find_unused_parameters=s.ddp.find_unused_parameters,
             static_graph=s.ddp.static_graph,
             process_group_backend=s.ddp.process_group_backend,
+            timeout=collective_timeout(run),
             checkpoint_io=AtomicCheckpointIO(),
         )
     if s.name == "fsdp":

@@ -14,6 +14,7 @@ from torch import nn
 
 from pretrain.config import RunConfig
 from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.guards import build_guards
 from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
 
@@ -58,7 +59,8 @@ def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None
 
 
 def build_callbacks(run: RunConfig) -> list[Callback]:
-    """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, the best k by validation loss, throughput/MFU."""
+    """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, the best k by validation loss, throughput/MFU,
+    the guards of ``run.guards``."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -75,6 +77,7 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
             window_size=max(2, run.trainer.throughput_window * k),
             peak=run.trainer.peak_flops,
         ),
+        *build_guards(run),
     ]
     if run.checkpoint.save_top_k > 0:
         callbacks.append(
