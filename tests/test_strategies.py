@@ -178,8 +178,16 @@ def test_strategy_matches_ddp(matrix, group, strategy):
         for name in ("ddp", strategy)
     }
     assert sorted(losses["ddp"]) == list(range(10)) and len(set(losses["ddp"].values())) > 1
-    norms = metric_by_step(read_metrics(layout[group]["ddp"] / "run"), "train/grad_norm").values()
-    assert max(norms) > CLIP  # clipping is part of what the strategies must agree on
+    norms = {
+        name: metric_by_step(read_metrics(layout[group][name] / "run"), "train/grad_norm")
+        for name in ("ddp", strategy)
+    }
+    assert max(norms["ddp"].values()) > CLIP  # clipping is part of what the strategies must agree on
+    if norms[
+        strategy
+    ]:  # the gradient after reduction (DeepSpeed keeps it inside its engine): a bf16 reduction
+        for step, norm in norms["ddp"].items():  # is off by ~1e-4 at step 0, the losses by ~1e-5 only later
+            assert norms[strategy][step] == pytest.approx(norm, rel=1e-5), (step, norms)
     assert sorted(losses[strategy]) == list(range(10))
     worst = max(abs(losses[strategy][s] - v) / abs(v) for s, v in losses["ddp"].items())
     print(f"{group} {strategy}: max relative loss difference to DDP {worst:.2e}")
