@@ -34,6 +34,7 @@ from pretrain.models.transformer import Transformer
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler
+from pretrain.training.strategies import optimizer_offloaded
 
 STEP_TARGETS = (
     "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
@@ -227,8 +228,7 @@ class PretrainModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> dict[str, Any]:
-        ds = self.run.strategy
-        offload = ds.name == "deepspeed" and ds.deepspeed.offload_optimizer
+        offload = optimizer_offloaded(self.run)
         optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload)
         self.decayed_tensors = sum(len(g["params"]) for g in optimizer.param_groups if g["weight_decay"] > 0)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)

@@ -52,6 +52,11 @@ def deepspeed_config(run: RunConfig) -> dict[str, Any]:
     }
 
 
+def optimizer_offloaded(run: RunConfig) -> bool:
+    """Whether the optimizer steps on the CPU (DeepSpeed ZeRO offload: DeepSpeedCPUAdam)."""
+    return run.strategy.name == "deepspeed" and run.strategy.deepspeed.offload_optimizer
+
+
 def shard_blocks(
     module: nn.Module,
     mesh: Any,
