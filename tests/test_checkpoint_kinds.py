@@ -10,7 +10,6 @@ kind is checked against the single file: its weights, its validation loss, its r
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -211,12 +210,17 @@ def test_resume_continues_like_the_single_file_run(resumed, name):
         assert resumed[name][step] == pytest.approx(loss, rel=1e-5), (name, step)
 
 
-def test_a_directory_of_another_strategy_is_refused_before_training(tmp_path, tiny_world):  # noqa: F811
-    ckpt = tmp_path / "ds.ckpt"
-    ckpt.mkdir()
-    (ckpt / "latest").write_text("checkpoint")
-    shutil.copy(Path(__file__), ckpt / "meta.pt")  # not read: the refusal comes first
-    recipe = tiny_recipe(tmp_path, tiny_world, "gpt")
-    proc = run_cli("fit", str(recipe), f"resume={ckpt}", "strategy.name=ddp", check=False)
+@pytest.mark.slow
+def test_a_directory_of_another_strategy_is_refused_before_training(kinds, tmp_path):
+    ckpt = last(kinds["deepspeed"])
+    proc = run_cli(
+        "fit",
+        str(kinds["deepspeed"]),
+        f"run_dir={tmp_path}",
+        f"resume={ckpt}",
+        "strategy.name=ddp",
+        check=False,
+    )
     assert proc.returncode == 2
     assert "a DeepSpeed checkpoint directory; resume it with strategy.name=deepspeed" in proc.stderr
+    assert not (tmp_path / "checkpoints").exists()
