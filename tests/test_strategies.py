@@ -118,10 +118,11 @@ STRATEGY = {
     "ddp": ["strategy.name=ddp"],
     "fsdp": ["strategy.name=fsdp"],
     **{f"zero{k}": ["strategy.name=deepspeed", f"strategy.deepspeed.stage={k}"] for k in (1, 2, 3)},
+    "fsdp-compiled": ["strategy.name=fsdp", "trainer.compile=true"],  # gpt2-350m on trainer/gpu8
 }
 # (model, accumulation, extra overrides, strategies besides the DDP reference)
 GROUPS = [
-    ("gpt", 1, [], ["fsdp", "zero1", "zero2", "zero3"]),
+    ("gpt", 1, [], ["fsdp", "zero1", "zero2", "zero3", "fsdp-compiled"]),
     ("gpt", 2, [], ["fsdp", "zero2", "zero3"]),
     ("gpt", 2, ["trainer.activation_checkpointing=true"], ["fsdp", "zero3"]),
     ("gpt", 1, ["trainer.precision=bf16-mixed"], ["fsdp"]),
