@@ -77,18 +77,24 @@ def compose(
             pieces.append(
                 OmegaConf.create({group: OmegaConf.load(_piece_path(ref, recipe.parent, config_dir))})
             )
-        merged = OmegaConf.merge(*pieces, body)
-        for item in overrides or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ValueError(
-                    f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)"
-                )
-            # the value is parsed as in YAML (numbers, lists, null); `a.b.0.c=` addresses list items
-            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
-        return OmegaConf.to_container(merged, resolve=True)
+        return apply_overrides(OmegaConf.merge(*pieces, body), overrides)
     except (OmegaConfBaseException, TypeError) as err:
         raise ValueError(f"cannot compose {recipe}: {err}") from err
+
+
+def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
+    """``key=value`` overrides (values parsed as in YAML: numbers, lists, null; ``a.b.0.c=`` addresses list
+    items) applied to a dict or OmegaConf node; returns the resolved plain dict."""
+    merged = OmegaConf.create(config) if isinstance(config, dict) else config
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")
+        try:
+            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
+        except OmegaConfBaseException as err:
+            raise ValueError(f"override {item!r}: {err}") from err
+    return OmegaConf.to_container(merged, resolve=True)
 
 
 def _type_name(tp: Any) -> str:
