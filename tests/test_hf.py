@@ -97,15 +97,20 @@ def t5_v1_1(tmp_path: Path):
     return model
 
 
+_ROPE_DECODER = {
+    "vocab_size": V,
+    "hidden_size": 36,
+    "intermediate_size": 50,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+
+
 def llama():
     cfg = transformers.LlamaConfig(
-        vocab_size=V,
-        hidden_size=36,
-        intermediate_size=50,
-        num_hidden_layers=3,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+        **_ROPE_DECODER,
         attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0},
     )
@@ -114,17 +119,7 @@ def llama():
 
 def mistral():
     """Sliding window 4 < the 11-token inputs, so the window changes the logits."""
-    cfg = transformers.MistralConfig(
-        vocab_size=V,
-        hidden_size=36,
-        intermediate_size=50,
-        num_hidden_layers=3,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=4,
-    )
-    return transformers.MistralForCausalLM(cfg)
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**_ROPE_DECODER, sliding_window=4))
 
 
 def bigbird():
