@@ -80,7 +80,7 @@ def load_tasks(config: EvalConfig) -> list[TaskConfig]:
     tasks = [load_task(resolve_task_file(name), config.data_root, overrides) for name in config.tasks]
     for task in tasks:
         if task.type == "perplexity":
-            load_documents(task.path, task.document_separator, 1)
+            load_documents(task.path, task.document, 1)
         else:
             load_examples(task.path, task.type)
             if task.fewshot_path:
