@@ -242,7 +242,9 @@ def document_mode(document: str) -> tuple[str, str | None]:
             try:
                 re.compile(separator.strip())
             except re.error as err:
-                raise ValueError(f"document={document!r}: heading is not a regular expression ({err})") from None
+                raise ValueError(
+                    f"document={document!r}: heading is not a regular expression ({err})"
+                ) from None
         return mode, separator.strip()
     if not colon and mode in DOCUMENT_MODES:
         return mode, None
