@@ -177,8 +177,8 @@ def test_kv_cache_matches_full_forward(name):
 
 
 def test_kv_cache_writes_in_place_and_reorders_rows():
-    """Steps write into buffers allocated once at ``capacity``; a reordering of the rows permutes them in place,
-    an expansion to more rows copies; decoding then continues as a full forward over the reordered rows."""
+    """Steps write into buffers allocated once at ``capacity``; a reordering of the rows alternates between two
+    buffers, an expansion to more rows copies; decoding then continues as a full forward over the reordered rows."""
     model, x = tiny("gpt"), ids(2, 9)
     with torch.no_grad():
         cache = model(x[:, :4], use_cache=True).cache
@@ -187,8 +187,11 @@ def test_kv_cache_writes_in_place_and_reorders_rows():
         buffer = cache.self_kv[1][0]
         model(x[:, 5:6], cache=cache)
         assert cache.self_kv[1][0].data_ptr() == buffer.data_ptr() and cache.seq_len == 6
+        cache.reorder(torch.tensor([1, 0]))  # into the spare buffers
+        spare = cache.self_kv[1][0].data_ptr()
+        cache.reorder(torch.tensor([1, 0]))  # and back: two buffers, no allocation per step
         cache.reorder(torch.tensor([1, 0]))
-        assert cache.self_kv[1][0].data_ptr() == buffer.data_ptr()
+        assert cache.self_kv[1][0].data_ptr() == spare != buffer.data_ptr()
         swapped = model(x[[1, 0], 6:7], cache=cache).logits
         cache.reorder(torch.tensor([1, 1, 0]))  # expansion: rows [0, 0, 1] of x
         expanded = model(x[[0, 0, 1], 7:9], cache=cache).logits

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pretrain.models.generation import last_positions
 from pretrain.models.transformer import Transformer
 
 NEG = -1.0e9  # score of excluded candidates (transformers uses the same constant)
@@ -128,12 +129,12 @@ def beam_search(
     was_training = model.training
     model.eval()
     try:
-        out = model(**inputs, use_cache=True)
+        out = model(**inputs, use_cache=True, target_positions=last_positions(prompt))
         cache = out.cache
         expand = torch.arange(B, device=device).repeat_interleave(K)  # row b -> its K beams, (B*K,)
         cache.reorder(expand)
         cache.capacity = L  # the next step allocates the cache's final size once
-        logits = out.logits[:, -1].index_select(0, expand)  # (B*K, V)
+        logits = out.logits.index_select(0, expand)  # (B*K, V)
         if positions is not None:
             positions = positions[:, -1:].index_select(0, expand)
         V = logits.shape[-1]

@@ -45,6 +45,13 @@ def next_token(
     return (choice if ids is None else ids.gather(1, choice)).squeeze(1)
 
 
+def last_positions(input_ids: Tensor) -> Tensor:
+    """(B,) flat indices of each row's last position in input_ids (B, P): the prefill's ``target_positions``,
+    so the LM head runs on the one position per row whose logits choose the next token."""
+    B, P = input_ids.shape
+    return torch.arange(1, B + 1, device=input_ids.device) * P - 1
+
+
 def _check_args(
     max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None, greedy: bool
 ) -> None:
@@ -122,11 +129,12 @@ def generate(
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     length = P
     try:
-        out = model(**inputs, use_cache=True)
+        out = model(**inputs, use_cache=True, target_positions=last_positions(input_ids))
         out.cache.capacity = P + max_new_tokens  # the next step allocates the cache's final size once
+        logits = out.logits  # (B, V)
         for step in range(max_new_tokens):
             new = next_token(
-                out.logits[:, -1],
+                logits,
                 temperature=temperature,
                 top_k=top_k,
                 top_p=top_p,
@@ -144,6 +152,7 @@ def generate(
                 positions = positions[:, -1:] + 1
             key = "decoder_input_ids" if enc_dec else "input_ids"
             out = model(**{key: new[:, None]}, position_ids=positions, cache=out.cache, use_cache=True)
+            logits = out.logits[:, -1]
     finally:
         model.train(was_training)
     return tokens[:, :length]

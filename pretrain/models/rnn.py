@@ -134,6 +134,11 @@ def detach_cache(cache: KVCache | None) -> KVCache | None:
     return out
 
 
+def at_positions(x: Tensor, positions: Tensor | None) -> Tensor:
+    """x (B, T, d) -> the rows at flat positions (N,) -> (N, d); x itself when positions is None."""
+    return x if positions is None else x.flatten(0, 1)[positions]
+
+
 def _split_state(state: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
     return state if isinstance(state, tuple) else (state, None)
 
@@ -187,9 +192,11 @@ class RNNLanguageModel(nn.Module):
         position_ids: Tensor | None = None,
         cache: KVCache | None = None,
         use_cache: bool = True,
+        target_positions: Tensor | None = None,
     ) -> RNNOutput:
         """``input_ids (B, T)`` continuing the state in ``cache`` (None: zeros) -> logits (B, T, V) and the state
-        after the last token. ``attention_mask`` must be all ones (packed streams); positions are implicit."""
+        after the last token. ``attention_mask`` must be all ones (packed streams); positions are implicit.
+        ``target_positions`` (N,): logits at these flat (B * T) positions only, (N, V), as the transformer's."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError(
                 "RNNLanguageModel reads packed streams without padding; attention_mask must be all 1"
@@ -201,7 +208,7 @@ class RNNLanguageModel(nn.Module):
         out = self.drop(out)
         if use_cache:
             cache = _updated(cache, self.config.n_layer, state)
-        return RNNOutput(self.head(out), out, cache if use_cache else None)
+        return RNNOutput(self.head(at_positions(out, target_positions)), out, cache if use_cache else None)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # a tied head is counted once
@@ -365,10 +372,12 @@ class Seq2SeqRNN(nn.Module):
         position_ids: Tensor | None = None,
         cache: KVCache | None = None,
         use_cache: bool = False,
+        target_positions: Tensor | None = None,
     ) -> RNNOutput:
         """Source ``input_ids (B, S)`` (or a ``cache`` from an earlier call) and decoder inputs (B, T) -> logits
         (B, T, V), attention weights (B, T, S) and, with ``use_cache``, the cache after the last target token.
-        Padded target positions (``decoder_attention_mask`` 0) yield logits that the loss ignores."""
+        Padded target positions (``decoder_attention_mask`` 0) yield logits that the loss ignores;
+        ``target_positions`` (N,) limits the logits to those flat (B * T) positions, (N, V)."""
         if decoder_input_ids is None:
             raise ValueError("decoder_input_ids (B, T) are required (teacher forcing or the decoding prefix)")
         if cache is None:
@@ -386,7 +395,8 @@ class Seq2SeqRNN(nn.Module):
         attentional = self.drop(torch.tanh(self.combine(torch.cat([context, out], -1))))  # (B, T, H)
         if use_cache:
             cache = _updated(cache, self.config.n_layer, state)
-        return RNNOutput(self.head(attentional), attentional, cache if use_cache else None, weights)
+        logits = self.head(at_positions(attentional, target_positions))
+        return RNNOutput(logits, attentional, cache if use_cache else None, weights)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -62,6 +62,9 @@ class KVCache:
         self.encoder_mask: Tensor | None = None
         self.capacity = capacity
         self._buffers: list[tuple[Tensor, Tensor] | None] = [None] * n_layer
+        self._spares: list[tuple[Tensor, Tensor] | None] = [
+            None
+        ] * n_layer  # reorder() writes here, then swaps
 
     @property
     def seq_len(self) -> int:
@@ -84,7 +87,7 @@ class KVCache:
             if past is not None:
                 for buffer, old in zip(buffers, past, strict=True):
                     buffer[:, :, :start] = old
-            self._buffers[layer] = buffers
+            self._buffers[layer], self._spares[layer] = buffers, None
         buffers[0][:, :, start:end] = k
         buffers[1][:, :, start:end] = v
         self.self_kv[layer] = (buffers[0][:, :, :end], buffers[1][:, :, :end])
@@ -103,18 +106,23 @@ class KVCache:
 
     def reorder(self, index: Tensor, beams_only: bool = False) -> None:
         """Keep rows ``index`` (B',) of the cache: beam expansion (B' != B: new tensors) or beam reordering
-        (B' = B: the cached positions are permuted inside the buffers). ``beams_only``: ``index`` only permutes
-        the beams of each input, so what they share -- encoder keys/values and mask, the prompt's padding mask --
-        is left as it is."""
+        (B' = B: the cached positions are gathered into a second set of buffers in one copy, and the two swap).
+        ``beams_only``: ``index`` only permutes the beams of each input, so what they share -- encoder keys/values
+        and mask, the prompt's padding mask -- is left as it is."""
         for i, pair in enumerate(self.self_kv):
             if pair is None:
                 continue
-            rows = tuple(t.index_select(0, index) for t in pair)
-            if self._buffers[i] is not None and len(index) == pair[0].shape[0]:
-                for view, new in zip(pair, rows, strict=True):
-                    view.copy_(new)
-            else:
-                self.self_kv[i], self._buffers[i] = rows, None  # the next extend() allocates new buffers
+            buffers = self._buffers[i]
+            if buffers is None or len(index) != pair[0].shape[0] or pair[0].requires_grad:
+                self.self_kv[i] = tuple(t.index_select(0, index) for t in pair)
+                self._buffers[i] = self._spares[i] = None  # the next extend() allocates new buffers
+                continue
+            spares = self._spares[i] or tuple(torch.empty_like(t) for t in buffers)
+            S = pair[0].shape[2]
+            for old, new in zip(pair, spares, strict=True):
+                torch.index_select(old, 0, index, out=new[:, :, :S])
+            self._buffers[i], self._spares[i] = spares, buffers
+            self.self_kv[i] = (spares[0][:, :, :S], spares[1][:, :, :S])
         if beams_only:
             return
         self.cross_kv = [
