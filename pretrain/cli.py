@@ -62,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "write a checkpoint as a Hugging Face model directory",
     ),
     "finetune": (
-        "pretrain.finetuning.run",
+        "pretrain.finetuning.cli",
         "add_arguments",
         "cmd_finetune",
         "finetune a pretrained or Hugging Face backbone on a downstream task (heads, T5 text-to-text)",
@@ -74,7 +74,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "few-shot in-context and perplexity evaluation of a checkpoint",
     ),
     "baseline": (
-        "pretrain.baselines.run",
+        "pretrain.baselines.cli",
         "add_arguments",
         "cmd_baseline",
         "train and evaluate a classic baseline recipe (SGNS, GloVe, LSTM LM, seq2seq with attention)",

@@ -110,11 +110,11 @@ def test_shape_walk(name):
     block = stack.blocks[0]
     rope = stack.rope(positions) if stack.rope is not None else None
     memory = torch.randn(2, 5, 8) if block.cross_attn is not None else None
-    assert block.attn(x, is_causal=True, rope=rope).shape == (2, 4, 8)
+    assert block.attn(x, rope=rope).shape == (2, 4, 8)
     if memory is not None:
         assert block.cross_attn(x, memory=memory).shape == (2, 4, 8)
     assert block.mlp(x).shape == (2, 4, 8)
-    assert block(x, None, True, rope, memory, None, None, 0).shape == (2, 4, 8)
+    assert block(x, None, rope, memory, None, None, 0).shape == (2, 4, 8)
     assert stack(x, positions, memory=memory).shape == (2, 4, 8)
     out = model(tokens, decoder_input_ids=tokens if memory is not None else None)
     assert out.logits.shape == (2, 4, V) and out.hidden_states.shape == (2, 4, 8)

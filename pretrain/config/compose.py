@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import types
 import typing
 from pathlib import Path
@@ -30,6 +31,18 @@ import recipes as _recipes
 
 CONFIG_DIR = Path(_config_pieces.__file__).parent  # shipped as package data (wheel and source tree alike)
 RECIPE_DIR = Path(_recipes.__file__).parent
+
+
+def _package_dir(name: str) -> str:
+    """``${pkg:NAME}``: the directory of an installed package (located without importing it)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package {name!r} is not installed (needed by ${{pkg:{name}}}); pip install it")
+    return str(Path(spec.submodule_search_locations[0]))
+
+
+if not OmegaConf.has_resolver("pkg"):
+    OmegaConf.register_resolver("pkg", _package_dir)
 
 
 def _piece_path(ref: str, recipe_dir: Path, config_dir: Path) -> Path:
