@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
-CONTENDERS = ("pretrain", "nanogpt", "hf_trainer", "litgpt", "litgpt_eager")
+CONTENDERS = ("pretrain", "nanogpt", "hf_trainer", "litgpt", "litgpt_eager", "pretrain_compiled")
 LR, MIN_LR_RATIO, WARMUP, WEIGHT_DECAY, BETAS, CLIP = 2e-3, 0.1, 30, 0.1, (0.9, 0.95), 1.0
 VAL_BATCHES, LOG_EVERY, VOCAB, HEADS = 8, 10, 1024, 4
 
@@ -143,7 +143,7 @@ def gpt2_config(args: argparse.Namespace):
 
 
 # ---------------------------------------------------------------------------------------------- contenders
-def run_pretrain(work: Path, args: argparse.Namespace) -> dict:
+def run_pretrain(work: Path, args: argparse.Namespace, callbacks: tuple = (), compile: bool = False) -> dict:
     from lightning.pytorch.callbacks import Callback
 
     from pretrain import config
@@ -188,10 +188,11 @@ def run_pretrain(work: Path, args: argparse.Namespace) -> dict:
         f"optim.warmup_steps={WARMUP}",
         f"optim.min_lr_ratio={MIN_LR_RATIO}",
         f"trainer.gradient_clip_val={CLIP}",
+        f"trainer.compile={str(compile).lower()}",
     ]
     run, resolved = config.load(REPO / "recipes" / "gpt-tiny.yaml", overrides)
     parts = prepare_run(run, resolved)
-    trainer = build_trainer(run, resolved, block_classes={Block}, callbacks=[StepClock()])
+    trainer = build_trainer(run, resolved, block_classes={Block}, callbacks=[StepClock(), *callbacks])
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
     model = parts["module"].model.eval()
     out = clock.result(args.batch * args.seq_len)
@@ -443,18 +444,59 @@ RUNNERS = {
     "hf_trainer": run_hf_trainer,
     "litgpt": run_litgpt,
     "litgpt_eager": lambda work, args: run_litgpt(work, args, compile=False),
+    "pretrain_compiled": lambda work, args: run_pretrain(work, args, compile=True),  # bench_compile.py
 }
 
 
 # ---------------------------------------------------------------------------------------------- profile
+PHASES = ("data + loop", "forward + loss", "backward", "clip + optimizer + callbacks")
+
+
+def phase_clock():
+    """A Lightning callback stamping the CPU clock at the hooks that bound the phases of a training step."""
+    from lightning.pytorch.callbacks import Callback
+
+    class PhaseClock(Callback):
+        def __init__(self) -> None:
+            self.stamps: list[list[float]] = []
+            self.last_end: float | None = None
+
+        def on_train_batch_start(self, *_):
+            self.current = [self.last_end if self.last_end is not None else cpu(), cpu()]
+
+        def on_before_backward(self, *_):
+            self.current.append(cpu())
+
+        def on_after_backward(self, *_):
+            self.current.append(cpu())
+
+        def on_train_batch_end(self, *_):
+            self.last_end = cpu()
+            self.stamps.append([*self.current, self.last_end])
+
+        def breakdown(self) -> dict[str, float]:
+            """Median CPU ms of each phase (steps after the first 5)."""
+            diffs = np.diff(np.array(self.stamps[5:]), axis=1) * 1000
+            return {name: float(np.median(diffs[:, i])) for i, name in enumerate(PHASES)}
+
+    return PhaseClock()
+
+
 def profile_pretrain(work: Path, args: argparse.Namespace) -> None:
-    """torch.profiler over ``--steps`` steps of pretrain fit: the ops and Python hooks by self CPU time."""
-    from lightning.pytorch.profilers import PyTorchProfiler  # noqa: F401 (only to check availability)
+    """torch.profiler's top operators over 12 steps of pretrain fit, then the step-time breakdown (CPU ms
+    per phase, median) of a ``--steps`` run without the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        run_pretrain(work, args)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_pretrain(work, argparse.Namespace(**{**vars(args), "steps": 12}))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    clock = phase_clock()
+    run_pretrain(work, args, callbacks=[clock])
+    phases = clock.breakdown()
+    print(f"pretrain fit step, median CPU ms per phase over {args.steps} steps:")
+    for name, ms in phases.items():
+        print(f"  {name:<30}{ms:8.1f}")
+    print(f"  {'total':<30}{sum(phases.values()):8.1f}")
 
 
 # ---------------------------------------------------------------------------------------------- driver

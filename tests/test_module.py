@@ -213,6 +213,7 @@ def test_compiled_training_matches_eager(tmp_path, tiny_world):  # noqa: F811
     """trainer.compile=true on the CPU (inductor, the system C++ compiler): the same losses as eager."""
     losses = {}
     for compiled in (False, True):
+        (tmp_path / str(compiled)).mkdir()
         recipe = tiny_recipe(
             tmp_path / str(compiled),
             tiny_world,
