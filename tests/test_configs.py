@@ -113,3 +113,24 @@ def test_missing_recipe():
 def test_global_batch_size():
     run, _ = config.load(REPO_ROOT / "recipes/gpt2-124m.yaml")
     assert config.global_batch_size(run, 8) * run.data.seq_len == 524_288
+
+
+def test_objective_names_are_the_pretraining_objectives_of_the_registry():
+    """``ObjectiveName`` (the one list of names) is exactly ``objectives.OBJECTIVES`` minus the word-vector ones."""
+    import typing
+
+    import objectives
+    from pretrain.config.run import ObjectiveName
+
+    assert set(typing.get_args(ObjectiveName)) == set(objectives.OBJECTIVES) - {"sgns"}
+
+
+def test_config_pieces_of_different_verbs_do_not_share_a_name():
+    """``optim/bert`` means one file: the finetuning pieces (``configs/finetune/``) never reuse a pretraining
+    piece's group/name."""
+    from pretrain.config import CONFIG_DIR
+
+    pretraining = {p.relative_to(CONFIG_DIR).as_posix() for p in CONFIG_DIR.glob("*/*.yaml")}
+    finetune = CONFIG_DIR / "finetune"
+    finetuning = {p.relative_to(finetune).as_posix() for p in finetune.glob("*/*.yaml")}
+    assert finetuning and not pretraining & finetuning, sorted(pretraining & finetuning)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import types
 import typing
 from pathlib import Path
@@ -30,6 +31,18 @@ import recipes as _recipes
 
 CONFIG_DIR = Path(_config_pieces.__file__).parent  # shipped as package data (wheel and source tree alike)
 RECIPE_DIR = Path(_recipes.__file__).parent
+
+
+def _package_dir(name: str) -> str:
+    """``${pkg:NAME}``: the directory of an installed package (located without importing it)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package {name!r} is not installed (needed by ${{pkg:{name}}}); pip install it")
+    return str(Path(spec.submodule_search_locations[0]))
+
+
+if not OmegaConf.has_resolver("pkg"):
+    OmegaConf.register_resolver("pkg", _package_dir)
 
 
 def _piece_path(ref: str, recipe_dir: Path, config_dir: Path) -> Path:
@@ -64,18 +77,24 @@ def compose(
             pieces.append(
                 OmegaConf.create({group: OmegaConf.load(_piece_path(ref, recipe.parent, config_dir))})
             )
-        merged = OmegaConf.merge(*pieces, body)
-        for item in overrides or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ValueError(
-                    f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)"
-                )
-            # the value is parsed as in YAML (numbers, lists, null); `a.b.0.c=` addresses list items
-            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
-        return OmegaConf.to_container(merged, resolve=True)
+        return apply_overrides(OmegaConf.merge(*pieces, body), overrides)
     except (OmegaConfBaseException, TypeError) as err:
         raise ValueError(f"cannot compose {recipe}: {err}") from err
+
+
+def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
+    """``key=value`` overrides (values parsed as in YAML: numbers, lists, null; ``a.b.0.c=`` addresses list
+    items) applied to a dict or OmegaConf node; returns the resolved plain dict."""
+    merged = OmegaConf.create(config) if isinstance(config, dict) else config
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")
+        try:
+            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
+        except OmegaConfBaseException as err:
+            raise ValueError(f"override {item!r}: {err}") from err
+    return OmegaConf.to_container(merged, resolve=True)
 
 
 def _type_name(tp: Any) -> str:
