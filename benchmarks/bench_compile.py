@@ -106,13 +106,7 @@ def generation(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--threads", type=int, default=1)
+    e2e.add_run_arguments(parser, steps=120)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--skip-generation", action="store_true")

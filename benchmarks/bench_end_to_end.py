@@ -513,16 +513,21 @@ def child(name: str, work: Path, args: argparse.Namespace) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--rounds", type=int, default=1)
+def add_run_arguments(parser: argparse.ArgumentParser, steps: int) -> None:
+    """The run's shape, length and threads (shared with ``bench_compile.py``)."""
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_arguments(parser, steps=150)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--only", default=",".join(CONTENDERS[:4]), help=f"comma list of {CONTENDERS}")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
