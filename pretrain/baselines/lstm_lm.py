@@ -18,7 +18,7 @@ from pretrain.baselines.config import RNNLMBaseline
 from pretrain.baselines.data import ensure_prepared, ensure_tokenizer, prepared_dirs, split_tokens
 from pretrain.baselines.module import BaselineModule, fit, token_sums
 from pretrain.config import OptimConfig, RunConfig, SourceConfig
-from pretrain.models.rnn import RNNLanguageModel, detach_cache
+from pretrain.models.rnn import RNNLanguageModel
 
 
 class StreamBatches(Dataset):
@@ -68,7 +68,7 @@ def lm_forward(model: nn.Module, batch: dict[str, Tensor], cache: Any) -> tuple[
     truncated BPTT) and returns its new state, a transformer reads the batch alone."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     if isinstance(model, RNNLanguageModel):
-        out = model(**inputs, cache=detach_cache(cache), use_cache=True)
+        out = model(**inputs, cache=None if cache is None else cache.detach(), use_cache=True)
         return out.logits, out.cache
     return model(**inputs).logits, None
 

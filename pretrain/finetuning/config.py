@@ -3,7 +3,7 @@ metrics, optimizer, trainer and text-to-text decoding; ``load_config`` composes 
 
 A finetuning recipe (``recipes/finetune-*.yaml``) composes pieces from ``configs/finetune/<group>/<name>.yaml``::
 
-    defaults: [init/minilm, data/sst2, optim/bert]
+    defaults: [init/minilm, data/sst2, optim/bert-finetune]
     name: finetune-sst2-minilm
     trainer: {max_steps: 2000, max_time_minutes: 8}
 """

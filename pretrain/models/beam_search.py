@@ -132,8 +132,8 @@ def beam_search(
         out = model(**inputs, use_cache=True, target_positions=last_positions(prompt))
         cache = out.cache
         expand = torch.arange(B, device=device).repeat_interleave(K)  # row b -> its K beams, (B*K,)
-        cache.reorder(expand)
-        cache.capacity = L  # the next step allocates the cache's final size once
+        cache.reorder(expand)  # a KVCache, or a recurrent model's state (pretrain.models.rnn.RNNState)
+        cache.capacity = L  # the next step allocates the KV cache's final size once
         logits = out.logits.index_select(0, expand)  # (B*K, V)
         if positions is not None:
             positions = positions[:, -1:].index_select(0, expand)
