@@ -126,18 +126,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import tempfile
-
     from pretrain.models.hf import save_hf
     from pretrain.training.checkpoint import load_model
 
-    model, _, tokenizer = load_model(args.checkpoint)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_path = None
-        if tokenizer is not None:
-            tokenizer_path = Path(tmp) / "tokenizer.json"
-            tokenizer.save(str(tokenizer_path))
-        out = save_hf(model, args.out_dir, tokenizer_path)
+    model, info, tokenizer = load_model(args.checkpoint)
+    special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
+    out = save_hf(model, args.out_dir, tokenizer, special_tokens)
     print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
     return 0
 
