@@ -169,6 +169,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             document=source.document,
             text_field=source.text_field,
             eos_token=run.tokenizer.special_tokens.get("eos"),
+            num_workers=args.workers,
             force=args.force,
         )
         counts = ", ".join(
@@ -201,6 +202,12 @@ def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     _recipe_args(p)
     p.add_argument("--force", action="store_true", help="overwrite prepared data")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="tokenizing processes (default 0: this process, with the tokenizer's threads); same output",
+    )
 
 
 def add_generate_arguments(g: argparse.ArgumentParser) -> None:
