@@ -120,7 +120,9 @@ def test_malformed_recipe_yaml(capsys, tmp_path):
 def test_objective_override_leaves_no_options_of_the_old_piece(capsys):
     line = one_error_line(capsys, "fit", GPT_TINY, "objective.name=mlm", "--print-config")
     assert "['document_masking']" in line and "~objective.options" in line
-    status, out, _ = pretrain(capsys, "fit", GPT_TINY, "objective.name=mlm", "~objective.options", "--print-config")
+    status, out, _ = pretrain(
+        capsys, "fit", GPT_TINY, "objective.name=mlm", "~objective.options", "--print-config"
+    )
     assert status == 0 and yaml.safe_load(out)["objective"] == {"name": "mlm", "options": {}}
 
 

@@ -97,20 +97,39 @@ def t5_v1_1(tmp_path: Path):
     return model
 
 
+_ROPE_DECODER = {
+    "vocab_size": V,
+    "hidden_size": 36,
+    "intermediate_size": 50,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+
+
 def llama():
     cfg = transformers.LlamaConfig(
-        vocab_size=V,
-        hidden_size=36,
-        intermediate_size=50,
-        num_hidden_layers=3,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+        **_ROPE_DECODER,
         attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0},
     )
     return transformers.LlamaForCausalLM(cfg)
 
+
+def mistral():
+    """Sliding window 4 < the 11-token inputs, so the window changes the logits."""
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**_ROPE_DECODER, sliding_window=4))
+
+
+def bigbird():
+    shared = {k: v for k, v in _bert_config().to_dict().items() if k in _BERT_SHARED}
+    cfg = transformers.BigBirdConfig(**shared, attention_type="original_full", sep_token_id=3)
+    return transformers.BigBirdForMaskedLM(cfg)
+
+
+_BERT_SHARED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+_BERT_SHARED += ("max_position_embeddings", "type_vocab_size")
 
 FAMILIES = {
     "gpt2": gpt2,
@@ -119,6 +138,8 @@ FAMILIES = {
     "t5_v1_0": t5_v1_0,
     "t5_v1_1": t5_v1_1,
     "llama": llama,
+    "mistral": mistral,
+    "bigbird": bigbird,
 }
 
 
@@ -134,7 +155,7 @@ def _inputs(name):
     mask[1, 7:], mask[2, 4:] = 0, 0
     kw = {"input_ids": ids, "attention_mask": mask}
     out_mask = mask
-    if name.startswith("bert"):
+    if name.startswith("bert") or name == "bigbird":
         kw["token_type_ids"] = torch.randint(0, 3, (3, 11), generator=g)
     if name.startswith("t5"):
         dec_mask = torch.ones(3, 6, dtype=torch.long)
@@ -269,16 +290,9 @@ def _tiny(**kw) -> Transformer:
         ({"arch": "encoder", "norm_position": "pre", "type_vocab_size": 2}, "norm_position"),
         ({"arch": "encoder", "norm_position": "post", "embedding_norm": True}, "type_vocab_size"),
         (
-            {
-                "arch": "encoder",
-                "norm_position": "post",
-                "embedding_norm": True,
-                "pooler": True,
-                "type_vocab_size": 2,
-                "mlm_head_transform": True,
-                "lm_head_bias": True,
-            },
-            "pooler",
+            {"position": "rope", "norm": "rmsnorm", "norm_bias": False, "attention_window": 4}
+            | {"attention_global_tokens": 2},
+            "MistralForCausalLM cannot .*attention_global_tokens=2",
         ),
         ({"norm": "rmsnorm", "norm_bias": False}, "norm"),
         ({"position": "sinusoidal"}, "position"),
@@ -306,3 +320,10 @@ def test_to_hf_rejects_what_hf_cannot_express(kw, field):
 def test_from_hf_rejects_unsupported_class():
     with pytest.raises(ValueError, match="GPT2Model"):
         from_hf(transformers.GPT2Model(transformers.GPT2Config(vocab_size=V, n_embd=24, n_layer=1, n_head=3)))
+
+
+def test_from_hf_refuses_bigbird_block_sparse():
+    shared = {k: v for k, v in _bert_config().to_dict().items() if k in _BERT_SHARED}
+    hf = transformers.BigBirdForMaskedLM(transformers.BigBirdConfig(**shared, sep_token_id=3, block_size=4))
+    with pytest.raises(ValueError, match="attention_type='block_sparse' is not supported"):
+        from_hf(hf)

@@ -7,7 +7,9 @@ A recipe lists its *pieces* and overrides some values::
     name: gpt-tiny
     trainer: {max_steps: 300}
 
-``model/gpt-tiny`` is ``configs/model/gpt-tiny.yaml`` placed under the ``model`` key. The pieces are merged in order,
+A recipe is a path or the name of a shipped one (``gpt-tiny``). ``model/gpt-tiny`` is
+``configs/model/gpt-tiny.yaml`` placed under the ``model`` key; ``${pkg:recipes}`` is the installed ``recipes``
+package (shipped data paths resolve from any directory). The pieces are merged in order,
 then the recipe body, then ``key=value`` overrides (OmegaConf dotlist), and ``${...}`` interpolations are resolved.
 ``structured`` then builds the verb's dataclass: an unknown key names its path and the closest valid keys, a wrong
 type names the expected type. Nothing is imported by name.
@@ -61,15 +63,25 @@ def _piece_path(ref: str, recipe_dir: Path, config_dir: Path) -> Path:
     )
 
 
+def resolve_recipe(recipe: str | Path) -> Path:
+    """A recipe file: ``recipe`` itself when it exists, else the shipped recipe of that name (``gpt-tiny``,
+    ``gpt-tiny.yaml`` or ``recipes/gpt-tiny.yaml`` run from any directory, installed wheel included)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    shipped = RECIPE_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if path.parent in (Path("."), Path("recipes")) and shipped.is_file():
+        return shipped
+    ready = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"recipe {recipe} not found; ready recipes (by name): {ready}")
+
+
 def compose(
     recipe: str | Path, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR
 ) -> dict[str, Any]:
     """Merge the recipe's pieces (from ``config_dir``), its body and ``key=value`` overrides; return the resolved
     plain dict."""
-    recipe = Path(recipe)
-    if not recipe.is_file():
-        ready = sorted(f"recipes/{p.name}" for p in RECIPE_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"recipe {recipe} not found; ready recipes: {ready}")
+    recipe = resolve_recipe(recipe)
     try:
         body = OmegaConf.load(recipe)
         pieces = []

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from datamodules.corpus import document_mode
 from pretrain.config.compose import compose, structured
 from pretrain.models.config import ModelConfig
 
@@ -42,12 +43,20 @@ class TokenizerConfig:
 
 @dataclass
 class SourceConfig:
-    """One corpus: raw text files, the prepared directory ``pretrain prepare`` writes, and its blending weight."""
+    """One corpus: raw text files, how they are cut into documents, the prepared directory ``pretrain prepare``
+    writes, and its blending weight.
+
+    ``document`` is the source's document convention (``datamodules.corpus``): ``file`` (whole file, paragraph
+    breaks kept), ``line``, ``blank_line`` (each paragraph a document; the break becomes EOS) or
+    ``separator:S`` (documents end at lines equal to S; paragraph breaks inside documents kept). JSONL /
+    Parquet / ``datasets`` inputs: one record per document, its ``text_field``."""
 
     name: str = "corpus"
     text: list[str] = field(default_factory=list)
     prepared: str = "runs/data/corpus"
     weight: float = 1.0
+    document: str = "blank_line"
+    text_field: str = "text"
 
 
 @dataclass
@@ -252,6 +261,11 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
     _check_objective(run.objective)
+    for i, source in enumerate(run.data.sources):
+        try:
+            document_mode(source.document)
+        except ValueError as err:
+            raise ValueError(f"data.sources[{i}].{err}") from None
     _check_optim(run.optim)
     _check_guards(run.guards)
     if run.strategy.name == "deepspeed" and run.trainer.compile:

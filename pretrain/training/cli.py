@@ -111,7 +111,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     max_new_tokens = _max_new_tokens(cfg, ids.shape[1], args.max_new_tokens)
     eos = tokenizer.token_to_id(args.eos) if args.eos else None
     if args.eos and eos is None:
-        raise ValueError(f"--eos {args.eos!r} is not in the tokenizer's vocabulary; name one that is, or --eos ''")
+        raise ValueError(
+            f"--eos {args.eos!r} is not in the tokenizer's vocabulary; name one that is, or --eos ''"
+        )
     generator = torch.Generator().manual_seed(args.seed)
     enc_dec = cfg.arch == "encoder-decoder"
     out = generate(
@@ -237,8 +239,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 run.tokenizer.path,
                 source.prepared,
                 val_fraction=run.data.val_fraction,
-                eos_token=run.tokenizer.special_tokens.get("eos"),
+                document=source.document,
+                text_field=source.text_field,
                 on_invalid_utf8=run.data.on_invalid_utf8,
+                eos_token=run.tokenizer.special_tokens.get("eos"),
+                num_workers=args.workers,
                 force=args.force,
             )
         except InvalidUTF8Error as err:
@@ -273,6 +278,12 @@ def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     _recipe_args(p)
     p.add_argument("--force", action="store_true", help="overwrite prepared data")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="tokenizing processes (default 0: this process, with the tokenizer's threads); same output",
+    )
 
 
 def add_generate_arguments(g: argparse.ArgumentParser) -> None:
@@ -292,5 +303,7 @@ def add_generate_arguments(g: argparse.ArgumentParser) -> None:
 
 def add_export_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("checkpoint", help="a .ckpt (or a sharded FSDP/DeepSpeed checkpoint directory)")
-    e.add_argument("out_dir", help="output directory (config.json, model.safetensors, tokenizer); new or empty")
+    e.add_argument(
+        "out_dir", help="output directory (config.json, model.safetensors, tokenizer); new or empty"
+    )
     e.add_argument("--force", action="store_true", help="export into a non-empty directory, overwriting")
