@@ -43,6 +43,19 @@ from pathlib import Path
 
 DOCUMENT_MODES = ("line", "blank_line", "file")  # and "separator:S" / "heading:R", naming a line or pattern
 INVALID_UTF8_POLICIES = ("error", "replace", "skip")
+
+
+class InvalidUTF8Error(ValueError):
+    """A line that is not UTF-8 under ``on_invalid_utf8="error"``; ``with_fix(key)`` names the setting to change."""
+
+    def __init__(self, location: str, detail: str):
+        self.location, self.detail = location, detail
+        super().__init__(self.with_fix("on_invalid_utf8"))
+
+    def with_fix(self, key: str) -> str:
+        return f"{self.location}: invalid UTF-8 ({self.detail}); fix the file or set {key}=replace (or skip)"
+
+
 _JSONL = (".jsonl", ".json")
 _PARQUET = (".parquet",)
 _TEXT = (".txt", ".text", ".raw", ".tokens", ".en", ".de", ".md")
@@ -190,10 +203,7 @@ def _decode_block(
         except UnicodeDecodeError as err:
             location = f"{where}:{first_line + i}"
             if policy == "error":
-                raise ValueError(
-                    f"{location}: invalid UTF-8 ({err.reason} at byte {err.start} of the line); "
-                    f"fix the file or set on_invalid_utf8='replace' or 'skip'"
-                ) from None
+                raise InvalidUTF8Error(location, f"{err.reason} at byte {err.start} of the line") from None
             stats.invalid_utf8_lines += 1
             stats.first_invalid_utf8 = stats.first_invalid_utf8 or location
             if policy == "replace":
