@@ -6,10 +6,23 @@ Inputs (``resolve_sources``): plain-text files (any suffix not below, optionally
 a glob pattern, or a Hugging Face ``datasets`` name (``"name"`` or ``"name:config"``, read with
 ``datasets.load_dataset``).
 
-Documents: a JSONL record, Parquet row or dataset row is one document. Plain text is split by
-``document``: ``"line"`` (each line), ``"blank_line"`` (paragraphs: runs of lines separated by lines
-that are empty or whitespace-only; the lines are joined with ``"\\n"``), or ``"file"`` (the whole file).
-Whitespace-only documents are skipped and counted.
+Documents (the *document convention* of a source, set per source in a recipe: ``data.sources[].document``,
+``.text_field``): a JSONL record's ``text_field``, a Parquet row or a dataset row is one document, its
+paragraph breaks kept. Plain text is split by ``document``:
+
+    ``"file"``        the whole file is one document (paragraph breaks kept)
+    ``"line"``        each line is a document
+    ``"blank_line"``  each paragraph (runs of lines separated by empty or whitespace-only lines; the lines
+                      joined with ``"\\n"``) is a document: the paragraph break itself is *not* kept -- after
+                      ``prepare`` each one becomes EOS, so a model never sees a blank line
+    ``"separator:S"`` documents end at lines equal to ``S`` (e.g. ``separator:<|endoftext|>``); everything
+                      between, blank lines included, is kept: paragraph breaks inside documents survive
+    ``"heading:R"``   documents start at lines matching the regular expression ``R`` (whole line, surrounding
+                      whitespace ignored), which stay as their first line; blank lines kept (WikiText
+                      articles: ``heading:= [^=].* =``, top-level ``= Title =`` lines)
+
+Leading and trailing blank lines of a document are trimmed; whitespace-only documents are skipped and
+counted.
 
 Invalid UTF-8 (``on_invalid_utf8``): ``"error"`` raises ``ValueError`` naming file and line;
 ``"replace"`` decodes the line with U+FFFD; ``"skip"`` drops the line (JSONL: the record). Both are
@@ -28,8 +41,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DOCUMENT_MODES = ("line", "blank_line", "file")
+DOCUMENT_MODES = ("line", "blank_line", "file")  # and "separator:S" / "heading:R", naming a line or pattern
 INVALID_UTF8_POLICIES = ("error", "replace", "skip")
+
+
+class InvalidUTF8Error(ValueError):
+    """A line that is not UTF-8 under ``on_invalid_utf8="error"``; ``with_fix(key)`` names the setting to change."""
+
+    def __init__(self, location: str, detail: str):
+        self.location, self.detail = location, detail
+        super().__init__(self.with_fix("on_invalid_utf8"))
+
+    def with_fix(self, key: str) -> str:
+        return f"{self.location}: invalid UTF-8 ({self.detail}); fix the file or set {key}=replace (or skip)"
+
+
 _JSONL = (".jsonl", ".json")
 _PARQUET = (".parquet",)
 _TEXT = (".txt", ".text", ".raw", ".tokens", ".en", ".de", ".md")
@@ -177,10 +203,7 @@ def _decode_block(
         except UnicodeDecodeError as err:
             location = f"{where}:{first_line + i}"
             if policy == "error":
-                raise ValueError(
-                    f"{location}: invalid UTF-8 ({err.reason} at byte {err.start} of the line); "
-                    f"fix the file or set on_invalid_utf8='replace' or 'skip'"
-                ) from None
+                raise InvalidUTF8Error(location, f"{err.reason} at byte {err.start} of the line") from None
             stats.invalid_utf8_lines += 1
             stats.first_invalid_utf8 = stats.first_invalid_utf8 or location
             if policy == "replace":
@@ -221,8 +244,60 @@ _LEADING_BLANK = re.compile(r"\A(?:[^\S\n]*\n)+")
 _TRAILING_BLANK = re.compile(r"(?:\n[^\S\n]*)+\Z")
 
 
-def _text_documents(path: str, mode: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+def document_mode(document: str) -> tuple[str, str | None]:
+    """``document`` -> ``(mode, separator)``; ValueError naming the conventions when it is not one."""
+    mode, colon, separator = document.partition(":")
+    if colon and mode in ("separator", "heading") and separator.strip():
+        if mode == "heading":
+            try:
+                re.compile(separator.strip())
+            except re.error as err:
+                raise ValueError(
+                    f"document={document!r}: heading is not a regular expression ({err})"
+                ) from None
+        return mode, separator.strip()
+    if not colon and mode in DOCUMENT_MODES:
+        return mode, None
+    raise ValueError(
+        f"document={document!r}; choose one of file, line, blank_line, separator:S (S: the line that "
+        "ends a document, e.g. separator:<|endoftext|>) or heading:R (R: a regular expression matching the "
+        "line that starts one)"
+    )
+
+
+def _separated_documents(blocks: Iterable[str], separator: str, heading: bool = False) -> Iterator[str]:
+    """Documents ended by lines equal to ``separator`` (surrounding whitespace ignored), or with ``heading``
+    started by lines matching the regular expression ``separator`` (kept); blank lines kept."""
+    lines: list[str] = []
+    carry = ""
+    pattern = re.compile(separator) if heading else None
+
+    def boundary(line: str) -> bool:
+        return bool(pattern.fullmatch(line.strip())) if heading else line.strip() == separator
+
+    for text in blocks:
+        *complete, carry = (carry + text).split("\n")
+        for line in complete:
+            if boundary(line):
+                yield "\n".join(lines)
+                lines = [line] if heading else []
+            else:
+                lines.append(line)
+    if heading or not boundary(carry):
+        lines.append(carry)
+    yield "\n".join(lines)
+
+
+def _trim_blank_lines(document: str) -> str:
+    return _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", document, count=1), count=1)
+
+
+def _text_documents(path: str, document: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+    mode, separator = document_mode(document)
     blocks = (text for text, _ in _iter_text_blocks(path, policy, stats))
+    if mode in ("separator", "heading"):
+        yield from map(_trim_blank_lines, _separated_documents(blocks, separator, heading=mode == "heading"))
+        return
     if mode == "file":
         yield "".join(blocks)
         return
@@ -237,7 +312,7 @@ def _text_documents(path: str, mode: str, policy: str, stats: CorpusStats) -> It
         for paragraph in paragraphs:
             if paragraph := _LEADING_BLANK.sub("", paragraph, count=1):
                 yield paragraph
-    if carry := _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", carry, count=1), count=1):
+    if carry := _trim_blank_lines(carry):
         yield carry
 
 
@@ -313,8 +388,7 @@ def iter_documents(
     stats: CorpusStats | None = None,
 ) -> Iterator[str]:
     """Every non-blank document of ``sources`` in order; counters go to ``stats``."""
-    if document not in DOCUMENT_MODES:
-        raise ValueError(f"document={document!r}; choose one of {DOCUMENT_MODES}")
+    document_mode(document)
     if on_invalid_utf8 not in INVALID_UTF8_POLICIES:
         raise ValueError(f"on_invalid_utf8={on_invalid_utf8!r}; choose one of {INVALID_UTF8_POLICIES}")
     stats = stats if stats is not None else CorpusStats()

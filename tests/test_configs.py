@@ -106,8 +106,16 @@ def test_missing_piece_lists_the_group(tmp_path):
 
 
 def test_missing_recipe():
-    with pytest.raises(FileNotFoundError, match=r"ready recipes: .*recipes/gpt-tiny.yaml"):
+    with pytest.raises(FileNotFoundError, match=r"ready recipes \(by name\): .*'gpt-tiny'"):
         config.load("recipes/nope.yaml")
+
+
+def test_shipped_recipes_resolve_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run, _ = config.load("gpt-tiny")
+    assert run.name == "gpt-tiny" and config.load("recipes/gpt-tiny.yaml")[0].name == "gpt-tiny"
+    for path in [*run.data.sources[0].text, *run.tokenizer.train_files]:  # shipped data: package paths
+        assert Path(path).is_file(), path
 
 
 def test_global_batch_size():

@@ -34,7 +34,15 @@ def ensure_prepared(source: SourceConfig, tokenizer: Tokenizer, val_fraction: fl
     from datamodules.prepare import prepare
 
     if source.text:
-        prepare(list(source.text), tokenizer, source.prepared, val_fraction=val_fraction, progress=False)
+        prepare(
+            list(source.text),
+            tokenizer,
+            source.prepared,
+            val_fraction=val_fraction,
+            document=source.document,
+            text_field=source.text_field,
+            progress=False,
+        )
     elif not (Path(source.prepared) / "meta.json").is_file():
         raise FileNotFoundError(
             f"data source {source.name!r}: {source.prepared} is not a prepared corpus and no raw text is listed "

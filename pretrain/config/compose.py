@@ -7,7 +7,9 @@ A recipe lists its *pieces* and overrides some values::
     name: gpt-tiny
     trainer: {max_steps: 300}
 
-``model/gpt-tiny`` is ``configs/model/gpt-tiny.yaml`` placed under the ``model`` key. The pieces are merged in order,
+A recipe is a path or the name of a shipped one (``gpt-tiny``). ``model/gpt-tiny`` is
+``configs/model/gpt-tiny.yaml`` placed under the ``model`` key; ``${pkg:recipes}`` is the installed ``recipes``
+package (shipped data paths resolve from any directory). The pieces are merged in order,
 then the recipe body, then ``key=value`` overrides (OmegaConf dotlist), and ``${...}`` interpolations are resolved.
 ``structured`` then builds the verb's dataclass: an unknown key names its path and the closest valid keys, a wrong
 type names the expected type. Nothing is imported by name.
@@ -23,6 +25,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -60,15 +63,25 @@ def _piece_path(ref: str, recipe_dir: Path, config_dir: Path) -> Path:
     )
 
 
+def resolve_recipe(recipe: str | Path) -> Path:
+    """A recipe file: ``recipe`` itself when it exists, else the shipped recipe of that name (``gpt-tiny``,
+    ``gpt-tiny.yaml`` or ``recipes/gpt-tiny.yaml`` run from any directory, installed wheel included)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    shipped = RECIPE_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if path.parent in (Path("."), Path("recipes")) and shipped.is_file():
+        return shipped
+    ready = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"recipe {recipe} not found; ready recipes (by name): {ready}")
+
+
 def compose(
     recipe: str | Path, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR
 ) -> dict[str, Any]:
     """Merge the recipe's pieces (from ``config_dir``), its body and ``key=value`` overrides; return the resolved
     plain dict."""
-    recipe = Path(recipe)
-    if not recipe.is_file():
-        ready = sorted(f"recipes/{p.name}" for p in RECIPE_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"recipe {recipe} not found; ready recipes: {ready}")
+    recipe = resolve_recipe(recipe)
     try:
         body = OmegaConf.load(recipe)
         pieces = []
@@ -80,13 +93,31 @@ def compose(
         return apply_overrides(OmegaConf.merge(*pieces, body), overrides)
     except (OmegaConfBaseException, TypeError) as err:
         raise ValueError(f"cannot compose {recipe}: {err}") from err
+    except yaml.YAMLError as err:
+        raise ValueError(f"cannot compose {recipe}: {yaml_problem(err)}") from err
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error: the file, line, column and problem."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"invalid YAML in {where}: {problem}"
 
 
 def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
     """``key=value`` overrides (values parsed as in YAML: numbers, lists, null; ``a.b.0.c=`` addresses list
-    items) applied to a dict or OmegaConf node; returns the resolved plain dict."""
+    items; ``~key`` deletes a key, e.g. ``~objective.options`` drops a piece's options) applied to a dict or
+    OmegaConf node; returns the resolved plain dict."""
     merged = OmegaConf.create(config) if isinstance(config, dict) else config
     for item in overrides or []:
+        if item.startswith("~") and "=" not in item:  # ~a.b deletes a.b (its schema default applies)
+            parent, _, leaf = item[1:].rpartition(".")
+            node = OmegaConf.select(merged, parent) if parent else merged
+            if node is None or leaf not in node:
+                raise ValueError(f"override {item!r}: there is no {item[1:]!r} to delete")
+            node.pop(leaf)
+            continue
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from datamodules.corpus import document_mode
 from pretrain.config.compose import compose, structured
 from pretrain.models.config import ModelConfig
 
@@ -34,6 +35,7 @@ class TokenizerConfig:
     train_files: list[str] = field(default_factory=list)
     vocab_size: int = 1024
     min_frequency: int = 2
+    on_invalid_utf8: Literal["error", "replace", "skip"] = "error"  # lines of train_files that are not UTF-8
     special_tokens: dict[str, str] = field(
         default_factory=dict
     )  # role -> token overrides, e.g. eos: <|endoftext|>
@@ -41,12 +43,20 @@ class TokenizerConfig:
 
 @dataclass
 class SourceConfig:
-    """One corpus: raw text files, the prepared directory ``pretrain prepare`` writes, and its blending weight."""
+    """One corpus: raw text files, how they are cut into documents, the prepared directory ``pretrain prepare``
+    writes, and its blending weight.
+
+    ``document`` is the source's document convention (``datamodules.corpus``): ``file`` (whole file, paragraph
+    breaks kept), ``line``, ``blank_line`` (each paragraph a document; the break becomes EOS) or
+    ``separator:S`` (documents end at lines equal to S; paragraph breaks inside documents kept). JSONL /
+    Parquet / ``datasets`` inputs: one record per document, its ``text_field``."""
 
     name: str = "corpus"
     text: list[str] = field(default_factory=list)
     prepared: str = "runs/data/corpus"
     weight: float = 1.0
+    document: str = "blank_line"
+    text_field: str = "text"
 
 
 @dataclass
@@ -56,6 +66,7 @@ class DataConfig:
     micro_batch_size: int = 8  # per device, per forward pass
     num_workers: int = 0
     val_fraction: float = 0.05  # documents held out by `pretrain prepare`
+    on_invalid_utf8: Literal["error", "replace", "skip"] = "error"  # lines that are not UTF-8 (prepare)
 
 
 @dataclass
@@ -251,9 +262,27 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         )
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
+    _check_objective(run.objective)
+    for i, source in enumerate(run.data.sources):
+        try:
+            document_mode(source.document)
+        except ValueError as err:
+            raise ValueError(f"data.sources[{i}].{err}") from None
     _check_optim(run.optim)
     _check_guards(run.guards)
     return run
+
+
+def _check_objective(o: ObjectiveConfig) -> None:
+    import objectives
+
+    valid = objectives.options(o.name)
+    unknown = sorted(set(o.options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
+            f"if they come from another objective's piece, drop them with ~objective.options"
+        )
 
 
 def _check_optim(o: OptimConfig) -> None:

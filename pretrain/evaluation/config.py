@@ -59,13 +59,17 @@ def load_config(target: str, overrides: list[str], flags: dict[str, Any]) -> Eva
     """Recipe (if ``target`` is a YAML file, else ``checkpoint=target``) < ``key=value`` overrides < flags,
     validated against ``EvalConfig`` (unknown keys get a did-you-mean)."""
     if target.endswith((".yaml", ".yml")):
-        if not Path(target).is_file():
-            raise FileNotFoundError(f"evaluation recipe {target} not found")
-        raw = compose(target, overrides)
+        raw = compose(target, overrides)  # a path or a shipped recipe (recipes/eval-core.yaml)
     else:
         raw = apply_overrides({"checkpoint": target}, overrides)
     raw |= {k: v for k, v in flags.items() if v is not None}
     config = structured(EvalConfig, raw)
+    if config.limit is not None and config.limit < 1:
+        raise ValueError(
+            f"limit must be >= 1 (the first N examples of each task), got {config.limit}; omit it for all"
+        )
+    if config.num_fewshot is not None and config.num_fewshot < 0:
+        raise ValueError(f"num_fewshot must be >= 0, got {config.num_fewshot}")
     if not config.checkpoint:
         raise ValueError("no checkpoint: give one (pretrain evaluate CHECKPOINT) or set checkpoint=PATH")
     if not config.tasks:
@@ -80,7 +84,7 @@ def load_tasks(config: EvalConfig) -> list[TaskConfig]:
     tasks = [load_task(resolve_task_file(name), config.data_root, overrides) for name in config.tasks]
     for task in tasks:
         if task.type == "perplexity":
-            load_documents(task.path, task.document_separator, 1)
+            load_documents(task.path, task.document, 1)
         else:
             load_examples(task.path, task.type)
             if task.fewshot_path:

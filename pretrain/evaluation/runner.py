@@ -82,7 +82,7 @@ def evaluate_task(
     """(summary, per-example records) of one task; ``limit`` overrides ``task.limit``."""
     limit = limit or task.limit
     if task.type == "perplexity":
-        docs = load_documents(task.path, task.document_separator, limit)
+        docs = load_documents(task.path, task.document, limit)
         values, records = evaluate_perplexity(scorer, docs)
         summary = {name: (value, None) for name, value in values.items()}
         n = len(docs)
