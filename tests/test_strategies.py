@@ -184,11 +184,10 @@ def test_strategy_matches_ddp(matrix, group, strategy):
         for name in ("ddp", strategy)
     }
     assert max(norms["ddp"].values()) > CLIP  # clipping is part of what the strategies must agree on
-    if norms[
-        strategy
-    ]:  # the gradient after reduction (DeepSpeed keeps it inside its engine): a bf16 reduction
-        for step, norm in norms["ddp"].items():  # is off by ~1e-4 at step 0, the losses by ~1e-5 only later
-            assert norms[strategy][step] == pytest.approx(norm, rel=1e-5), (step, norms)
+    # the reduced gradient of the same initial weights (DeepSpeed keeps it inside its engine): a bf16 reduction
+    # is off by ~1e-4 there; later steps in bf16 part at that level from rounding alone
+    if norms[strategy]:
+        assert norms[strategy][0] == pytest.approx(norms["ddp"][0], rel=1e-5), norms
     assert sorted(losses[strategy]) == list(range(10))
     worst = max(abs(losses[strategy][s] - v) / abs(v) for s, v in losses["ddp"].items())
     print(f"{group} {strategy}: max relative loss difference to DDP {worst:.2e}")
@@ -197,8 +196,8 @@ def test_strategy_matches_ddp(matrix, group, strategy):
     def result(name: str, rank: int) -> dict:
         return json.loads((root / "out" / f"{group}.{name}.rank{rank}.json").read_text())
 
-    reference = result("ddp", 0)
-    assert reference["decayed"] > 0 and len(reference["flops"]) == 10 * int(group.split("acc")[1][0])
-    for rank in (0, 1):
+    for rank in (0, 1):  # each rank's FLOPs (MLM's head runs on that rank's targets only) as under DDP
+        reference = result("ddp", rank)
+        assert reference["decayed"] > 0 and len(reference["flops"]) == 10 * int(group.split("acc")[1][0])
         assert result(strategy, rank)["decayed"] == reference["decayed"]
         assert result(strategy, rank)["flops"] == reference["flops"]
