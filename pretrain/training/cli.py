@@ -104,6 +104,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model, _, tokenizer = load_model(args.checkpoint)
     if tokenizer is None:
         raise ValueError(f"{args.checkpoint} holds no tokenizer; cannot encode a text prompt")
+    if args.compile:
+        model.compile(dynamic=True)  # the cache grows every step: one graph with a symbolic length
     cfg = model.config
     ids = torch.tensor([tokenizer.encode(args.prompt).ids] * args.num_samples, dtype=torch.long)
     if ids.shape[1] == 0 and cfg.arch == "decoder":
@@ -180,13 +182,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
     _check_export_target(Path(args.out_dir), args.force)
-    model, _, tokenizer = load_model(args.checkpoint)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_path = None
-        if tokenizer is not None:
-            tokenizer_path = Path(tmp) / "tokenizer.json"
-            tokenizer.save(str(tokenizer_path))
-        out = save_hf(model, args.out_dir, tokenizer_path)
+    model, info, tokenizer = load_model(args.checkpoint)
+    special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
+    out = save_hf(model, args.out_dir, tokenizer, special_tokens)
     print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
     return 0
 
@@ -299,6 +297,7 @@ def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eos", default="</s>", help="stop token ('' to never stop early)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model first (see README)")
 
 
 def add_export_arguments(e: argparse.ArgumentParser) -> None:
