@@ -115,6 +115,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model, _, tokenizer = load_model(args.checkpoint)
     if tokenizer is None:
         raise ValueError(f"{args.checkpoint} holds no tokenizer; cannot encode a text prompt")
+    if args.compile:
+        model.compile(dynamic=True)  # the cache grows every step: one graph with a symbolic length
     cfg = model.config
     ids = torch.tensor([tokenizer.encode(args.prompt).ids] * args.num_samples, dtype=torch.long)
     if ids.shape[1] == 0 and cfg.arch == "decoder":
@@ -306,6 +308,7 @@ def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eos", default="</s>", help="stop token ('' to never stop early)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model first (see README)")
 
 
 def add_export_arguments(e: argparse.ArgumentParser) -> None:
