@@ -37,6 +37,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever the checkpoint interval
     if trainer.is_global_zero:
         _summary(trainer, run, module, last)
+        if run.logger.csv:
+            from pretrain.training.plots import plot_runs
+
+            print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from pretrain.training.plots import plot_runs
+
+    print(f"curves of {len(args.run_dirs)} run(s) -> {plot_runs(args.run_dirs, args.out)}")
     return 0
 
 
@@ -133,6 +144,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model, _, tokenizer = load_model(args.checkpoint)
     if tokenizer is None:
         raise ValueError(f"{args.checkpoint} holds no tokenizer; cannot encode a text prompt")
+    if args.compile:
+        model.compile(dynamic=True)  # the cache grows every step: one graph with a symbolic length
     cfg = model.config
     ids = torch.tensor([tokenizer.encode(args.prompt).ids] * args.num_samples, dtype=torch.long)
     if ids.shape[1] == 0 and cfg.arch == "decoder":
@@ -324,6 +337,7 @@ def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eos", default="</s>", help="stop token ('' to never stop early)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model first (see README)")
 
 
 def add_export_arguments(e: argparse.ArgumentParser) -> None:
@@ -332,3 +346,8 @@ def add_export_arguments(e: argparse.ArgumentParser) -> None:
         "out_dir", help="output directory (config.json, model.safetensors, tokenizer); new or empty"
     )
     e.add_argument("--force", action="store_true", help="export into a non-empty directory, overwriting")
+
+
+def add_plot_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", help="run directories (holding logs/version_*/metrics.csv)")
+    p.add_argument("--out", default="curves.png", help="PNG to write (default: curves.png)")
