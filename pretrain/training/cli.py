@@ -94,7 +94,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
     trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
     ckpt = parts["ckpt"]
-    if not strategy_reads(run.strategy.name, ckpt):  # e.g. a DeepSpeed directory validated under DDP
+    # a directory of another strategy, or any checkpoint under DeepSpeed (whose engine cannot load ZeRO-3 weights
+    # without an optimizer): the consolidated weights are loaded before the strategy sets the model up
+    if run.strategy.name == "deepspeed" or not strategy_reads(run.strategy.name, ckpt):
         from pretrain.training.checkpoint import load_model
 
         parts["module"].model.load_state_dict(load_model(ckpt)[0].state_dict())
