@@ -192,7 +192,7 @@ def metrics(run_dir: Path) -> dict[str, dict[int, float]]:
 def compile_events(log_text: str) -> dict[str, int]:
     """Graph breaks and recompilations in a log written with ``TORCH_LOGS=graph_breaks,recompiles``."""
     return {
-        "graph_breaks": len(re.findall(r"Graph break", log_text)),
+        "graph_breaks": len(re.findall(r"Graph break in user code", log_text)),
         "recompiles": len(re.findall(r"Recompiling function", log_text)),
     }
 
