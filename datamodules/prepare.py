@@ -149,9 +149,24 @@ def read_meta(prepared_dir: str | os.PathLike) -> dict:
     return json.loads(path.read_text())
 
 
-def _complete(directory: Path) -> bool:
+def _complete(directory: Path, meta: dict) -> bool:
+    """Every file present, and each split's ``.bin`` exactly as long as the token count ``meta`` records."""
     files = [META_FILE, "tokenizer.json"] + [f"{s}{ext}" for s in SPLITS for ext in (".bin", ".idx")]
-    return all((directory / f).is_file() for f in files)
+    if not all((directory / f).is_file() for f in files):
+        return False
+    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize
+    splits = meta.get("splits", {})
+    return all(
+        (directory / f"{s}.bin").stat().st_size == splits.get(s, {}).get("tokens", -1) * itemsize
+        for s in SPLITS
+    )
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    """Temporary and old directories that killed runs of ``prepare`` left next to ``out_dir``."""
+    for pattern in (f".{out_dir.name}.tmp-*", f".{out_dir.name}.old-*"):
+        for leftover in out_dir.parent.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _stale_reason(old: dict, inputs: list[dict], tokenizer_hash: str, settings: dict) -> str:
@@ -312,13 +327,20 @@ def prepare(
                 raise ValueError(f"{out_dir} exists and is not a prepared corpus; choose another out_dir")
         else:
             old = read_meta(out_dir)
-            if old.get("cache_key") == cache_key and _complete(out_dir) and not force:
+            complete = _complete(out_dir, old)
+            if old.get("cache_key") == cache_key and complete and not force:
                 return {**old, "cache_hit": True}
             if old.get("cache_key") != cache_key:
                 reason = _stale_reason(old, input_info, tokenizer_hash, settings)
                 warnings.warn(f"prepared corpus {out_dir} is stale: {reason}; rebuilding it", stacklevel=2)
+            elif not complete:
+                warnings.warn(
+                    f"prepared corpus {out_dir} is damaged (missing or truncated files); rebuilding it",
+                    stacklevel=2,
+                )
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:

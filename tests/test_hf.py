@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.hf import from_hf, save_hf, to_hf
@@ -237,11 +237,11 @@ def test_save_hf_writes_tokenizer(tmp_path):
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "world": 2}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
-    save_hf(from_hf(gpt2()), tmp_path / "export", tokenizer_path=tmp_path)
+    save_hf(from_hf(gpt2()), tmp_path / "export", tokenizer=tmp_path)
     loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
     assert loaded("hello world again")["input_ids"] == [1, 2, 0]
     with pytest.raises(FileNotFoundError, match="tokenizer"):
-        save_hf(from_hf(gpt2()), tmp_path / "other", tokenizer_path=tmp_path / "missing")
+        save_hf(from_hf(gpt2()), tmp_path / "other", tokenizer=tmp_path / "missing")
 
 
 def test_real_minilm_checkpoint():
@@ -327,3 +327,98 @@ def test_from_hf_refuses_bigbird_block_sparse():
     hf = transformers.BigBirdForMaskedLM(transformers.BigBirdConfig(**shared, sep_token_id=3, block_size=4))
     with pytest.raises(ValueError, match="attention_type='block_sparse' is not supported"):
         from_hf(hf)
+
+
+# ---------------------------------------------------------------------------------------------- pretrain export
+
+
+@pytest.fixture(scope="module")
+def full_tokenizer(shipped_corpus, tmp_path_factory):
+    """A BPE trained as `pretrain tokenizer` trains one: every special token and sentinel included."""
+    from datamodules.tokenizer import train_bpe
+
+    corpus = tmp_path_factory.mktemp("export") / "c.txt"
+    corpus.write_text(shipped_corpus.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return train_bpe(corpus, 448, show_progress=False)
+
+
+def _exported(kind: str, tokenizer, tmp_path: Path) -> tuple[Transformer, Path]:
+    """A random tiny ``kind`` model saved as `pretrain fit` saves checkpoints, then `pretrain export`-ed."""
+    from dataclasses import asdict
+
+    from training_utils import TINY_MODEL
+
+    from pretrain.cli import main
+
+    torch.manual_seed(0)
+    config = {
+        "vocab_size": 448,
+        "d_model": 32,
+        "n_head": 2,
+        "d_ff": 64,
+        "max_seq_len": 48,
+        **TINY_MODEL[kind],
+        **({"type_vocab_size": 2} if kind == "bert" else {}),
+        **({"tie_embeddings": True} if kind == "t5" else {}),  # T5 v1.0, as recipes/t5-tiny.yaml
+    }
+    model = Transformer(ModelConfig(**config)).eval()
+    payload = {
+        "config": {"model": asdict(model.config), "tokenizer": {"special_tokens": {}}},
+        "tokenizer_json": tokenizer.to_str(),
+    }
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "pretrain": payload}, tmp_path / "last.ckpt")
+    assert main(["export", str(tmp_path / "last.ckpt"), str(tmp_path / "hf")]) == 0
+    return model, tmp_path / "hf"
+
+
+@pytest.mark.parametrize(
+    ("kind", "auto"),
+    [("gpt", "AutoModelForCausalLM"), ("bert", "AutoModelForMaskedLM"), ("t5", "AutoModelForSeq2SeqLM")],
+)
+def test_exported_directory_works_alone_in_transformers(kind, auto, full_tokenizer, tmp_path):
+    """AutoTokenizer with every special token and the length set, the Auto model equal to ours, and the
+    family's pipeline -- from the `pretrain export` directory alone."""
+    ours, directory = _exported(kind, full_tokenizer, tmp_path)
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    roles = {"eos": "</s>", "bos": "<s>", "pad": "<pad>", "unk": "<unk>", "mask": "<mask>"}
+    assert {role: getattr(tok, f"{role}_token") for role in roles} == roles
+    assert tok.model_max_length == 48 and "<extra_id_0>" in tok.all_special_tokens
+    hf = getattr(transformers, auto).from_pretrained(directory).eval()
+    ids = torch.tensor([tok("ROMEO: what light")["input_ids"]])
+    with torch.no_grad():
+        if kind == "t5":
+            start = torch.tensor([[hf.config.decoder_start_token_id, 5, 6]])
+            mine = ours(input_ids=ids, decoder_input_ids=start).logits
+            torch.testing.assert_close(hf(input_ids=ids, decoder_input_ids=start).logits, mine)
+        else:
+            torch.testing.assert_close(hf(ids).logits, ours(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    if kind == "gpt":
+        out = transformers.pipeline("text-generation", model=str(directory), device="cpu")(
+            "ROMEO:", max_new_tokens=5, do_sample=False
+        )
+        assert out[0]["generated_text"].startswith("ROMEO:") and len(out[0]["generated_text"]) > len("ROMEO:")
+    if kind == "bert":
+        out = transformers.pipeline("fill-mask", model=str(directory), device="cpu")(
+            f"ROMEO: what {tok.mask_token}"
+        )
+        assert len(out) == 5 and all(0.0 <= o["score"] <= 1.0 for o in out)
+
+
+@pytest.mark.parametrize(("kind", "backend"), [("gpt", "causal"), ("t5", "seq2seq")])
+def test_lm_eval_hf_model_scores_the_exported_directory_as_we_do(kind, backend, full_tokenizer, tmp_path):
+    """lm-eval's own ``hf`` model on the `pretrain export` directory alone (no hand-built tokenizer) gives our
+    scorer's log-likelihoods."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from pretrain.evaluation import load_scorer
+
+    _, directory = _exported(kind, full_tokenizer, tmp_path)
+    requests = [("ROMEO: what", " light"), ("JULIET:", " O Romeo")]
+    lm = HFLM(pretrained=str(directory), backend=backend, batch_size=2, device="cpu", dtype="float32")
+    theirs = lm.loglikelihood(
+        [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(requests)], disable_tqdm=True
+    )
+    ours = load_scorer(directory, batch_size=2).loglikelihood(requests)
+    assert [ll for ll, _ in theirs] == pytest.approx([ll for ll, _ in ours], rel=1e-5, abs=1e-4)

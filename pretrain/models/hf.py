@@ -551,20 +551,44 @@ def to_hf(model: Transformer) -> Any:
     return hf_model.to(next(model.parameters()).dtype).train(model.training)
 
 
-def save_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None) -> Path:
+def hf_tokenizer(tokenizer: Any, max_length: int, special_tokens: dict[str, str] | None = None) -> Any:
+    """A transformers fast tokenizer of a ``tokenizers.Tokenizer`` with every special-token role it holds
+    (``datamodules.special_tokens``: eos, bos, pad, unk, mask, cls, sep; ``special_tokens`` overrides a role's
+    token, e.g. ``eos: <|endoftext|>``), T5's ``<extra_id_i>`` sentinels, and ``model_max_length``."""
+    import transformers
+
+    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, NUM_SENTINELS, sentinel_token
+
+    roles = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}
+    present = {f"{role}_token": tok for role, tok in roles.items() if tokenizer.token_to_id(tok) is not None}
+    sentinels = [s for s in map(sentinel_token, range(NUM_SENTINELS)) if tokenizer.token_to_id(s) is not None]
+    extra = {"additional_special_tokens": sentinels} if sentinels else {}
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_max_length=max_length, **present, **extra
+    )
+
+
+def save_hf(
+    model: Transformer,
+    out_dir: str | Path,
+    tokenizer: Any = None,
+    special_tokens: dict[str, str] | None = None,
+) -> Path:
     """Write ``out_dir/config.json`` + ``model.safetensors`` (transformers ``from_pretrained`` format) and, given
-    ``tokenizer_path`` (a tokenizer.json or a directory holding one), the tokenizer files."""
-    tokenizer_file = None
-    if tokenizer_path is not None:
-        tokenizer_file = Path(tokenizer_path)
+    ``tokenizer`` (a ``tokenizers.Tokenizer``, a tokenizer.json or a directory holding one), the tokenizer files
+    with the special tokens and ``model_max_length`` set (``hf_tokenizer``): ``AutoTokenizer``, ``pipeline`` and
+    lm-eval's ``hf`` model work on the directory alone."""
+    from tokenizers import Tokenizer
+
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        tokenizer_file = Path(tokenizer)
         if tokenizer_file.is_dir():
             tokenizer_file = tokenizer_file / "tokenizer.json"
         if not tokenizer_file.is_file():
-            raise FileNotFoundError(f"tokenizer_path: no tokenizer.json at {tokenizer_file}")
+            raise FileNotFoundError(f"tokenizer: no tokenizer.json at {tokenizer_file}")
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
     out_dir = Path(out_dir)
     to_hf(model).save_pretrained(out_dir, safe_serialization=True)
-    if tokenizer_file is not None:
-        import transformers
-
-        transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file)).save_pretrained(out_dir)
+    if tokenizer is not None:
+        hf_tokenizer(tokenizer, model.config.max_seq_len, special_tokens).save_pretrained(out_dir)
     return out_dir
