@@ -43,10 +43,10 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "recipes" / "data" / "tinyshakespeare.txt"
 # importable module -> pip requirement carried as a wheel (their own dependencies are fetched alongside)
 NEEDED = {"omegaconf": "omegaconf", "deepspeed": "deepspeed", "wandb": "wandb"}
-SDIST_ONLY = ["antlr4-python3-runtime==4.9.3", "deepspeed"]  # built into wheels here (pure Python)
-BINARY = ["omegaconf", "wandb", "hjson", "ninja", "py-cpuinfo", "msgpack", "nvidia-ml-py", "einops",
-          "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "gitpython", "gitdb", "smmap",
-          "sentry-sdk", "click", "platformdirs", "protobuf", "setproctitle"]  # fmt: skip
+SDIST_ONLY = ["antlr4-python3-runtime==4.9.3", "deepspeed"]  # built into wheels here (pure Python), no deps
+# binary wheels fetched with their dependencies (torch excluded: deepspeed's own ones are listed instead)
+BINARY = ["omegaconf", "wandb", "pydantic", "hjson", "ninja", "py-cpuinfo", "msgpack", "nvidia-ml-py", "einops",
+          "psutil", "tqdm"]  # fmt: skip
 STRATEGIES = {
     "single": [],
     "ddp": ["strategy.name=ddp"],
@@ -121,12 +121,13 @@ def install_missing(wheels: Path) -> dict[str, str]:
 
 
 def fetch_wheels(directory: Path) -> int:
-    """Download (binary, CPython 3.12, manylinux x86_64) or build (pure-Python sdists) the carried wheels."""
+    """Download (binary, CPython 3.12, manylinux x86_64, with dependencies) or build (pure-Python sdists) the
+    carried wheels."""
     directory.mkdir(parents=True, exist_ok=True)
     platforms = [f"--platform={p}" for p in ("manylinux2014_x86_64", "manylinux_2_17_x86_64",
                                               "manylinux_2_28_x86_64", "any")]  # fmt: skip
     pip = [sys.executable, "-m", "pip"]
-    download = [*pip, "download", "--only-binary=:all:", "--python-version", "3.12", *platforms, "--no-deps"]
+    download = [*pip, "download", "--only-binary=:all:", "--python-version", "3.12", *platforms]
     status = 0
     for requirement in BINARY:
         status |= subprocess.run([*download, "-d", str(directory), requirement], check=False).returncode
