@@ -30,6 +30,7 @@ from pretrain.models.generation import generate
 from pretrain.models.hf import from_hf
 
 SIZES = {  # (layers, heads, width, vocabulary)
+    "tiny": (2, 2, 64, 512),  # gpu_check's CPU mode
     "small": (4, 4, 256, 8192),
     "124m": (12, 12, 768, 50257),
 }
