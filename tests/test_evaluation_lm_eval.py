@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+import lm_eval
 import pytest
 import torch
 import yaml
@@ -25,8 +26,6 @@ from pretrain.evaluation.tasks import TaskConfig, load_task
 from pretrain.models.config import ModelConfig
 from pretrain.models.hf import save_hf
 from pretrain.models.transformer import Transformer
-
-lm_eval = pytest.importorskip("lm_eval")
 
 LM_EVAL_METRICS = {
     "multiple_choice": ["acc", "acc_norm"],

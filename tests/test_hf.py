@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.hf import from_hf, save_hf, to_hf

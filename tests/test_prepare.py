@@ -107,9 +107,10 @@ def test_documents_match_line_definition(tmp_path_factory, text, block, mode):
 
 
 def test_formats_and_inputs(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
-    datasets = pytest.importorskip("datasets")
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     texts = ["alpha beta", "gamma\n\ndelta", "épsilon ☃"]
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.jsonl").write_text("".join(json.dumps({"body": t, "n": 1}) + "\n" for t in texts))

@@ -268,6 +268,11 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             raise ValueError(f"data.sources[{i}].{err}") from None
     _check_optim(run.optim)
     _check_guards(run.guards)
+    if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
+        raise ValueError(
+            "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
+            "set guards.spike.enabled=false or use strategy ddp / fsdp"
+        )
     if run.strategy.name == "deepspeed" and run.trainer.compile:
         raise ValueError(
             "trainer.compile is not supported with strategy deepspeed; set trainer.compile=false"

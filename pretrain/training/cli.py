@@ -35,6 +35,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever the checkpoint interval
     if trainer.is_global_zero:
         _summary(trainer, run, module, last)
+        if run.logger.csv:
+            from pretrain.training.plots import plot_runs
+
+            print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from pretrain.training.plots import plot_runs
+
+    print(f"curves of {len(args.run_dirs)} run(s) -> {plot_runs(args.run_dirs, args.out)}")
     return 0
 
 
@@ -306,3 +317,8 @@ def add_export_arguments(e: argparse.ArgumentParser) -> None:
         "out_dir", help="output directory (config.json, model.safetensors, tokenizer); new or empty"
     )
     e.add_argument("--force", action="store_true", help="export into a non-empty directory, overwriting")
+
+
+def add_plot_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", help="run directories (holding logs/version_*/metrics.csv)")
+    p.add_argument("--out", default="curves.png", help="PNG to write (default: curves.png)")
