@@ -318,3 +318,27 @@ def test_end_to_end_from_prepare_on_the_shipped_corpus(tmp_path, shipped_corpus)
     eos = meta["eos_id"]
     texts = [tokenizer.decode(list(doc)) for end, doc in itertools.groupby(val_row, eos.__eq__) if not end]
     assert len(texts) > 1 and all(t in shipped_corpus.read_text() for t in texts)
+
+
+def test_extending_a_finished_run_continues_the_data(prepared, tmp_path):
+    """The end-of-fit checkpoint (Lightning counts the cut-short epoch as finished, the data is mid-epoch)
+    resumed with a larger ``max_steps`` continues the data exactly, through the next epoch boundary."""
+
+    def make():
+        return PretrainDataModule(prepared, NoisyCausal(), seq_len=SEQ_LEN, micro_batch_size=4)
+
+    reference = fit(make(), 35, tmp_path / "full")  # 24 batches per epoch
+    trainer = L.Trainer(
+        max_steps=10,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    first = Recorder()
+    trainer.fit(first, datamodule=make())
+    trainer.save_checkpoint(tmp_path / "end.ckpt")
+    assert_same(first.seen, reference[:10])
+    assert_same(fit(make(), 35, tmp_path / "more", ckpt_path=tmp_path / "end.ckpt"), reference[10:])

@@ -93,27 +93,67 @@ def is_valid(path: Path) -> bool:
     return True
 
 
-def find_resume(checkpoint_dir: str | Path) -> Path | None:
-    """Newest valid checkpoint in ``checkpoint_dir`` (by write time); invalid newer ones are skipped with a warning.
+def checkpoint_step(path: Path) -> int:
+    """``global_step`` of a checkpoint file, of an FSDP sharded directory (``meta.pt``) or of a DeepSpeed
+    directory (``latest`` names the tag; Lightning's state is in the tag's ``*model_states.pt``).
+    ``ValueError`` when it cannot be read."""
+    if path.is_dir() and not (path / FSDP_METADATA).is_file():
+        latest = path / "latest"
+        tag = latest.read_text().strip() if latest.is_file() else ""
+        states = sorted((path / tag).glob("*model_states.pt")) if tag else []
+        if not states:
+            raise ValueError(
+                f"{path} is neither a checkpoint file nor a complete sharded checkpoint directory"
+            )
+        path = states[0]
+    elif path.is_dir():
+        path = path / FSDP_METADATA
+    try:
+        return int(read(path, mmap=True)["global_step"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"checkpoint {path} records no global_step") from err
 
-    ``None`` when the directory holds no checkpoint (a fresh run).
-    """
+
+def find_resume(checkpoint_dir: str | Path, hpc_dir: str | Path | None = None) -> Path | None:
+    """The valid checkpoint of the highest global step among ``checkpoint_dir/*.ckpt`` and Lightning's
+    ``hpc_dir/hpc_ckpt_*.ckpt`` (ties: the newer write). Modification times alone would mislead: a sharded
+    directory keeps the time of its first save. Unreadable, truncated or corrupt candidates are skipped with a
+    warning; ``None`` when there is no candidate (a fresh run)."""
     directory = Path(checkpoint_dir)
-    if not directory.is_dir():
-        return None
-    candidates = [p for p in directory.iterdir() if p.suffix == ".ckpt" and not p.name.startswith(".")]
-    for path in sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True):
+    candidates = sorted(directory.glob("[!.]*.ckpt")) if directory.is_dir() else []
+    if hpc_dir is not None and Path(hpc_dir).is_dir():
+        candidates += sorted(Path(hpc_dir).glob("hpc_ckpt_*.ckpt"))
+    ranked = []
+    for path in candidates:
+        try:
+            ranked.append((checkpoint_step(path), path.stat().st_mtime_ns, path.name, path))
+        except (ValueError, OSError):
+            _skip(path)
+    for *_, path in sorted(ranked, reverse=True):
         if is_valid(path):
             return path
-        warnings.warn(
-            f"resume=auto: skipping checkpoint {path}, which is truncated or corrupt; falling back to an older one",
-            stacklevel=2,
-        )
+        _skip(path)
     if candidates:
         raise ValueError(
             f"resume=auto: no valid checkpoint among {sorted(p.name for p in candidates)} in {directory}"
         )
     return None
+
+
+def _skip(path: Path) -> None:
+    warnings.warn(
+        f"resume=auto: skipping checkpoint {path}, which is truncated or corrupt; falling back to an older one",
+        stacklevel=3,
+    )
+
+
+def remove_partial_saves(checkpoint_dir: str | Path) -> list[Path]:
+    """Delete the temporary files (``.<name>.<random>.tmp``) that writes killed mid-save left behind."""
+    directory = Path(checkpoint_dir)
+    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def payload(path: str | Path) -> dict[str, Any]:
