@@ -81,3 +81,20 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
 def test_runs_end_with_their_final_state_saved_whatever_the_interval(tmp_path):
     fit(tmp_path, Signaller(at=-1, signals=()))
     assert read(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 10
+
+
+def test_sigusr1_under_slurm_requeues_the_job_once_saved(tmp_path, monkeypatch):
+    """SLURM's ``--signal=USR1@T`` before the time limit: save, then ``scontrol requeue <job id>``."""
+    calls = tmp_path / "scontrol.calls"
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    last = tmp_path / "ckpt" / "last.ckpt"
+    fake.write_text(f'#!/bin/sh\necho "$@ saved=$(test -f {last} && echo yes)" >> {calls}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    slurm = {"NTASKS": 1, "NTASKS_PER_NODE": 1, "NNODES": 1, "PROCID": 0, "LOCALID": 0, "NODEID": 0}
+    for key, value in {**slurm, "JOB_ID": 4242, "JOB_NAME": "pretrain"}.items():
+        monkeypatch.setenv(f"SLURM_{key}", str(value))
+    with pytest.raises(Interrupted):
+        fit(tmp_path, Signaller(at=1, signals=(signal.SIGUSR1,)))
+    assert calls.read_text() == "requeue 4242 saved=yes\n"

@@ -116,9 +116,9 @@ def checkpoint_step(path: Path) -> int:
 
 def find_resume(checkpoint_dir: str | Path, hpc_dir: str | Path | None = None) -> Path | None:
     """The valid checkpoint of the highest global step among ``checkpoint_dir/*.ckpt`` and Lightning's
-    ``hpc_dir/hpc_ckpt_*.ckpt`` (ties: the newer write). Modification times alone would mislead: a sharded
-    directory keeps the time of its first save. Unreadable, truncated or corrupt candidates are skipped with a
-    warning; ``None`` when there is no candidate (a fresh run)."""
+    ``hpc_dir/hpc_ckpt_*.ckpt`` (ties: ``last.ckpt``, then the newer write). Modification times would mislead:
+    a sharded directory keeps the time of its first save. Unreadable, truncated or corrupt candidates are
+    skipped with a warning; ``None`` when there is no candidate (a fresh run)."""
     directory = Path(checkpoint_dir)
     candidates = sorted(directory.glob("[!.]*.ckpt")) if directory.is_dir() else []
     if hpc_dir is not None and Path(hpc_dir).is_dir():
@@ -126,7 +126,9 @@ def find_resume(checkpoint_dir: str | Path, hpc_dir: str | Path | None = None) -
     ranked = []
     for path in candidates:
         try:
-            ranked.append((checkpoint_step(path), path.stat().st_mtime_ns, path.name, path))
+            ranked.append(
+                (checkpoint_step(path), path.name == "last.ckpt", path.stat().st_mtime_ns, path.name, path)
+            )
         except (ValueError, OSError):
             _skip(path)
     for *_, path in sorted(ranked, reverse=True):

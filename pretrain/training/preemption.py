@@ -10,10 +10,12 @@ Stop signals (handlers installed when training starts, replacing Lightning's unt
 * SIGTERM (a scheduler's preemption, ``scancel``, ``kill``), SIGUSR1 (SLURM's ``--signal=USR1@SECONDS``
   before the time limit) and a first SIGINT (Ctrl-C) only record the request. At the next step boundary the
   ranks agree (one all-reduce of a flag per step: a signal sent to one rank stops all) and save ``last.ckpt``
-  together; once that step is logged (and validated, if due), ``Trainer.fit`` raises ``Interrupted``. ``pretrain fit`` prints where to resume and exits
-  with ``128 + signal number`` (143, 138, 130): the status of a process killed by that signal, not a success,
-  so a requeue script (``recipes/slurm.sbatch``), ``torchrun --max-restarts`` or a restart policy runs it
-  again and ``resume=auto`` continues.
+  together; once that step is logged (and validated, if due), ``Trainer.fit`` raises ``Interrupted``.
+  ``pretrain fit`` prints how to continue and exits with ``128 + signal number`` (143, 138, 130): the status
+  of a process killed by that signal, not a success, so ``torchrun --max-restarts``, a restart policy or a
+  wrapper script runs it again, and ``resume=auto`` continues.
+* Under SLURM, SIGUSR1 also requeues the job (``scontrol requeue``, after the save): SLURM's time-limit
+  warning means "continue later", while SIGTERM (``scancel``, preemption) leaves requeueing to SLURM.
 * A second SIGINT raises ``KeyboardInterrupt`` at once (Lightning then stops without saving).
 
 Lightning's own handlers are what this replaces: on SIGTERM it stops after the step without a checkpoint
@@ -25,12 +27,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
 from pretrain.training.checkpoint import remove_partial_saves
@@ -122,6 +126,8 @@ class LastCheckpoint(Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         if self._stop is not None:
+            if self._stop.signum == signal.SIGUSR1 and trainer.is_global_zero:
+                requeue_slurm_job()
             raise self._stop
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -135,3 +141,22 @@ class LastCheckpoint(Callback):
     def _save(self, trainer: L.Trainer) -> None:
         trainer.save_checkpoint(self.path)
         self._saved_step = trainer.global_step
+
+
+def requeue_slurm_job() -> None:
+    """``scontrol requeue`` this SLURM job (``--requeue``: it goes back to the queue; SLURM ends this run of
+    it), as Lightning's SLURM auto-requeue does; nothing outside SLURM or in an interactive allocation."""
+    job = SLURMEnvironment.job_id() if SLURMEnvironment.detect() else None
+    if job is None:
+        return
+    array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array_job}_{array_task}" if array_job and array_task else str(job)
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        log.warning("SLURM job %s not requeued: no scontrol on PATH", job_id)
+        return
+    if done.returncode:
+        log.warning("scontrol requeue %s failed (%s): %s", job_id, done.returncode, done.stderr.strip())
+    else:
+        log.info("requeued SLURM job %s", job_id)
