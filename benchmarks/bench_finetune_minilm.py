@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from pretrain.finetuning.run import load_config, run
+from pretrain.finetuning.config import load_config
+from pretrain.finetuning.run import run
 
 
 def main() -> None:

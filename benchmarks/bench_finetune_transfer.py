@@ -20,7 +20,8 @@ from pathlib import Path
 
 from datamodules.finetune import read_table
 from pretrain import cli
-from pretrain.finetuning.run import load_config, run
+from pretrain.finetuning.config import load_config
+from pretrain.finetuning.run import run
 from pretrain.models.config import ModelConfig
 from pretrain.training.checkpoint import payload
 

@@ -2,7 +2,7 @@
 
 Both models see exactly the same batches: the train stream (a byte-level BPE trained on the training text, prepared
 by ``datamodules.prepare``) cut into B contiguous streams, T + 1 tokens per step and stream, through the ``clm``
-objective (``pretrain.baselines.run.StreamDataModule``), trained by the same Lightning Trainer with AdamW, warmup +
+objective (``pretrain.baselines.lstm_lm.StreamDataModule``), trained by the same Lightning Trainer with AdamW, warmup +
 cosine and gradient clipping. The transformer (GPT-2 layout, learned positions, tied embeddings) reads every
 window alone; the LSTM (2 layers, tied embeddings, width from ``pretrain.models.rnn.matched_width`` so its parameter
 count matches the transformer's) carries its state between consecutive windows (truncated BPTT).
@@ -40,7 +40,8 @@ import torch
 import objectives
 from datamodules.prepare import prepare
 from datamodules.tokenizer import train_bpe
-from pretrain.baselines.run import LanguageModelModule, StreamDataModule, split_tokens, stream_perplexity
+from pretrain.baselines.data import split_tokens
+from pretrain.baselines.lstm_lm import LanguageModelModule, StreamDataModule, stream_perplexity
 from pretrain.config import OptimConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.rnn import RNNConfig, RNNLanguageModel, matched_width

@@ -6,10 +6,20 @@ Inputs (``resolve_sources``): plain-text files (any suffix not below, optionally
 a glob pattern, or a Hugging Face ``datasets`` name (``"name"`` or ``"name:config"``, read with
 ``datasets.load_dataset``).
 
-Documents: a JSONL record, Parquet row or dataset row is one document. Plain text is split by
-``document``: ``"line"`` (each line), ``"blank_line"`` (paragraphs: runs of lines separated by lines
-that are empty or whitespace-only; the lines are joined with ``"\\n"``), or ``"file"`` (the whole file).
-Whitespace-only documents are skipped and counted.
+Documents (the *document convention* of a source, set per source in a recipe: ``data.sources[].document``,
+``.text_field``): a JSONL record's ``text_field``, a Parquet row or a dataset row is one document, its
+paragraph breaks kept. Plain text is split by ``document``:
+
+    ``"file"``        the whole file is one document (paragraph breaks kept)
+    ``"line"``        each line is a document
+    ``"blank_line"``  each paragraph (runs of lines separated by empty or whitespace-only lines; the lines
+                      joined with ``"\\n"``) is a document: the paragraph break itself is *not* kept -- after
+                      ``prepare`` each one becomes EOS, so a model never sees a blank line
+    ``"separator:S"`` documents end at lines equal to ``S`` (e.g. ``separator:<|endoftext|>``); everything
+                      between, blank lines included, is kept: paragraph breaks inside documents survive
+
+Leading and trailing blank lines of a document are trimmed; whitespace-only documents are skipped and
+counted.
 
 Invalid UTF-8 (``on_invalid_utf8``): ``"error"`` raises ``ValueError`` naming file and line;
 ``"replace"`` decodes the line with U+FFFD; ``"skip"`` drops the line (JSONL: the record). Both are
@@ -28,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DOCUMENT_MODES = ("line", "blank_line", "file")
+DOCUMENT_MODES = ("line", "blank_line", "file")  # and "separator:S", naming its separator line
 INVALID_UTF8_POLICIES = ("error", "replace", "skip")
 _JSONL = (".jsonl", ".json")
 _PARQUET = (".parquet",)
@@ -221,8 +231,46 @@ _LEADING_BLANK = re.compile(r"\A(?:[^\S\n]*\n)+")
 _TRAILING_BLANK = re.compile(r"(?:\n[^\S\n]*)+\Z")
 
 
-def _text_documents(path: str, mode: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+def document_mode(document: str) -> tuple[str, str | None]:
+    """``document`` -> ``(mode, separator)``; ValueError naming the conventions when it is not one."""
+    mode, colon, separator = document.partition(":")
+    if colon and mode == "separator" and separator.strip():
+        return mode, separator.strip()
+    if not colon and mode in DOCUMENT_MODES:
+        return mode, None
+    raise ValueError(
+        f"document={document!r}; choose one of file, line, blank_line or separator:S (S: the line that "
+        "ends a document, e.g. separator:<|endoftext|>)"
+    )
+
+
+def _separated_documents(blocks: Iterable[str], separator: str) -> Iterator[str]:
+    """Documents ended by lines equal to ``separator`` (surrounding whitespace ignored), blank lines kept."""
+    lines: list[str] = []
+    carry = ""
+    for text in blocks:
+        *complete, carry = (carry + text).split("\n")
+        for line in complete:
+            if line.strip() == separator:
+                yield "\n".join(lines)
+                lines = []
+            else:
+                lines.append(line)
+    if carry.strip() != separator:
+        lines.append(carry)
+    yield "\n".join(lines)
+
+
+def _trim_blank_lines(document: str) -> str:
+    return _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", document, count=1), count=1)
+
+
+def _text_documents(path: str, document: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+    mode, separator = document_mode(document)
     blocks = (text for text, _ in _iter_text_blocks(path, policy, stats))
+    if mode == "separator":
+        yield from map(_trim_blank_lines, _separated_documents(blocks, separator))
+        return
     if mode == "file":
         yield "".join(blocks)
         return
@@ -237,7 +285,7 @@ def _text_documents(path: str, mode: str, policy: str, stats: CorpusStats) -> It
         for paragraph in paragraphs:
             if paragraph := _LEADING_BLANK.sub("", paragraph, count=1):
                 yield paragraph
-    if carry := _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", carry, count=1), count=1):
+    if carry := _trim_blank_lines(carry):
         yield carry
 
 
@@ -313,8 +361,7 @@ def iter_documents(
     stats: CorpusStats | None = None,
 ) -> Iterator[str]:
     """Every non-blank document of ``sources`` in order; counters go to ``stats``."""
-    if document not in DOCUMENT_MODES:
-        raise ValueError(f"document={document!r}; choose one of {DOCUMENT_MODES}")
+    document_mode(document)
     if on_invalid_utf8 not in INVALID_UTF8_POLICIES:
         raise ValueError(f"on_invalid_utf8={on_invalid_utf8!r}; choose one of {INVALID_UTF8_POLICIES}")
     stats = stats if stats is not None else CorpusStats()

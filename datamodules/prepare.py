@@ -31,11 +31,11 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from datamodules.corpus import (
-    DOCUMENT_MODES,
     INVALID_UTF8_POLICIES,
     CorpusStats,
     Source,
     batched,
+    document_mode,
     iter_documents,
     resolve_sources,
 )
@@ -211,8 +211,7 @@ def prepare(
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
-    if document not in DOCUMENT_MODES:
-        raise ValueError(f"document={document!r}; choose one of {DOCUMENT_MODES}")
+    document_mode(document)  # ValueError naming the conventions
     if on_invalid_utf8 not in INVALID_UTF8_POLICIES:
         raise ValueError(f"on_invalid_utf8={on_invalid_utf8!r}; choose one of {INVALID_UTF8_POLICIES}")
     if batch_docs < 1 or batch_chars < 1:

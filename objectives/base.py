@@ -92,6 +92,9 @@ class Objective(abc.ABC):
     name: ClassVar[str]
     architectures: frozenset[str]
     reports_perplexity: ClassVar[bool] = False
+    # few positions carry a target (MLM ~15 %, the prefix LM suffix): the trainer then runs the LM head on the
+    # target positions only (``Transformer.forward(target_positions=...)``); dense targets skip the gather
+    sparse_targets: ClassVar[bool] = False
 
     def __init__(self, tokenizer: TokenLookup, special_tokens: Mapping[str, str] | None = None):
         self.tokenizer = tokenizer

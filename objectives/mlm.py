@@ -69,6 +69,7 @@ class MaskedLM(Objective):
 
     name = "mlm"
     architectures = frozenset({"encoder"})
+    sparse_targets = True  # mlm_probability of the positions
 
     def __init__(
         self,

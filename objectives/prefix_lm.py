@@ -59,6 +59,7 @@ class PrefixLM(Objective):
 
     name = "prefix_lm"
     reports_perplexity = True
+    sparse_targets = True  # the suffix only (half of the positions on average)
 
     def __init__(self, tokenizer, *, arch: str = "decoder", special_tokens: Mapping[str, str] | None = None):
         super().__init__(tokenizer, special_tokens)

@@ -60,6 +60,7 @@ class UL2(Objective):
 
     name = "ul2"
     architectures = frozenset({"encoder-decoder"})
+    sparse_targets = True  # R/X targets are short, padded to target_length with -100
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ naming the problem, before any heavy work. This module only parses and dispatche
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -62,7 +63,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "write a checkpoint as a Hugging Face model directory",
     ),
     "finetune": (
-        "pretrain.finetuning.run",
+        "pretrain.finetuning.cli",
         "add_arguments",
         "cmd_finetune",
         "finetune a pretrained or Hugging Face backbone on a downstream task (heads, T5 text-to-text)",
@@ -74,7 +75,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "few-shot in-context and perplexity evaluation of a checkpoint",
     ),
     "baseline": (
-        "pretrain.baselines.run",
+        "pretrain.baselines.cli",
         "add_arguments",
         "cmd_baseline",
         "train and evaluate a classic baseline recipe (SGNS, GloVe, LSTM LM, seq2seq with attention)",
@@ -95,6 +96,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# a full disk or a file the user may not write: one line, not a traceback
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _reportable(err: Exception) -> bool:
+    return isinstance(err, (ValueError, FileNotFoundError)) or getattr(err, "errno", None) in _STORAGE_ERRNOS
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(next((arg for arg in argv if not arg.startswith("-")), None))
@@ -106,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return args.handler(args)
-    except (ValueError, FileNotFoundError) as err:
-        if os.environ.get("PRETRAIN_TRACEBACK"):
+    except (ValueError, FileNotFoundError, OSError) as err:
+        if os.environ.get("PRETRAIN_TRACEBACK") or not _reportable(err):
             raise
         print(f"pretrain {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -13,14 +13,11 @@ import torch
 from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one thread)
 
 import objectives
-from pretrain.baselines.run import (
-    StreamBatches,
-    load,
-    pad_pairs,
-    run_recipe,
-    save_alignment,
-    stream_perplexity,
-)
+from pretrain.baselines.config import load_config
+from pretrain.baselines.heatmaps import save_alignment
+from pretrain.baselines.lstm_lm import StreamBatches, stream_perplexity
+from pretrain.baselines.run import run_recipe
+from pretrain.baselines.seq2seq import pad_pairs
 from pretrain.cli import main as cli_main
 from pretrain.models.rnn import RNNConfig, RNNLanguageModel
 from pretrain.models.word_vectors import WordVectors, word_tokenizer
@@ -180,21 +177,21 @@ def test_alignment_heatmap_shape_is_checked(tmp_path):
 
 def test_bad_recipes_fail_before_training(corpus, capsys):
     with pytest.raises(ValueError, match="needs a section `baselines` with kind in"):
-        load("recipes/gpt-tiny.yaml")
+        load_config("recipes/gpt-tiny.yaml")
     with pytest.raises(ValueError, match=r"window \(context words on each side\) must be an integer >= 1"):
-        load("recipes/sgns-tiny.yaml", ["baselines.window=0"])
+        load_config("recipes/sgns-tiny.yaml", ["baselines.window=0"])
     with pytest.raises(ValueError, match=r"negatives \(k noise words per example\) must be an integer >= 1"):
-        load("recipes/sgns-tiny.yaml", ["baselines.negatives=0"])
+        load_config("recipes/sgns-tiny.yaml", ["baselines.negatives=0"])
     with pytest.raises(ValueError, match="unknown config key 'windw'.*did you mean window"):
-        load("recipes/glove-tiny.yaml", ["baselines.windw=3"])
+        load_config("recipes/glove-tiny.yaml", ["baselines.windw=3"])
     with pytest.raises(ValueError, match=r"toy_max_length \(3\) must be >= toy_min_length \(5\)"):
-        load(
+        load_config(
             "recipes/seq2seq-attn-reverse.yaml", ["baselines.toy_min_length=5", "baselines.toy_max_length=3"]
         )
     with pytest.raises(ValueError, match=r"task=parallel needs train=\[source file, target file\]"):
-        load("recipes/seq2seq-attn-reverse.yaml", ["baselines.task=parallel"])
+        load_config("recipes/seq2seq-attn-reverse.yaml", ["baselines.task=parallel"])
     with pytest.raises(ValueError, match="one device"):
-        load("recipes/lstm-lm-tiny.yaml", ["trainer.devices=2"])
+        load_config("recipes/lstm-lm-tiny.yaml", ["trainer.devices=2"])
     with pytest.raises(ValueError, match="vocabulary is empty after min-count filtering"):
         run_recipe("recipes/glove-tiny.yaml", small(corpus, "glove-empty", "baselines.min_count=1000000"))
     with pytest.raises(ValueError, match="train with objective clm"):

@@ -226,3 +226,29 @@ def test_later_stages_report_bad_input_through_the_cli(command, capsys):
 def test_missing_recipe(capsys):
     status, _, err = pretrain(capsys, "fit", REPO_ROOT / "recipes" / "nope.yaml")
     assert status == 2 and "ready recipes" in err
+
+
+def test_no_library_module_imports_a_cli_module():
+    """Layers point one way: a verb's ``cli`` module is reached only through the dispatcher (``pretrain/cli.py``);
+    library modules import no CLI module at all, and benchmarks drive the CLI only as users do (``pretrain.cli``)."""
+    import ast
+
+    offenders = []
+    for root in ("pretrain", "objectives", "datamodules", "benchmarks"):
+        for path in sorted((REPO_ROOT / root).rglob("*.py")):
+            where = path.relative_to(REPO_ROOT).as_posix()
+            if where in ("pretrain/cli.py", "pretrain/__main__.py"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [f"{node.module}.{a.name}" for a in node.names]
+                else:
+                    continue
+                for name in names:
+                    verb_cli = "cli" in name.split(".")[2:]  # pretrain.<package>.cli
+                    dispatcher = name.split(".")[:2] == ["pretrain", "cli"]
+                    if verb_cli or (dispatcher and root != "benchmarks"):
+                        offenders.append(f"{where}: {name}")
+    assert not offenders, offenders

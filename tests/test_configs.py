@@ -106,10 +106,39 @@ def test_missing_piece_lists_the_group(tmp_path):
 
 
 def test_missing_recipe():
-    with pytest.raises(FileNotFoundError, match=r"ready recipes: .*recipes/gpt-tiny.yaml"):
+    with pytest.raises(FileNotFoundError, match=r"ready recipes \(by name\): .*'gpt-tiny'"):
         config.load("recipes/nope.yaml")
+
+
+def test_shipped_recipes_resolve_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run, _ = config.load("gpt-tiny")
+    assert run.name == "gpt-tiny" and config.load("recipes/gpt-tiny.yaml")[0].name == "gpt-tiny"
+    for path in [*run.data.sources[0].text, *run.tokenizer.train_files]:  # shipped data: package paths
+        assert Path(path).is_file(), path
 
 
 def test_global_batch_size():
     run, _ = config.load(REPO_ROOT / "recipes/gpt2-124m.yaml")
     assert config.global_batch_size(run, 8) * run.data.seq_len == 524_288
+
+
+def test_objective_names_are_the_pretraining_objectives_of_the_registry():
+    """``ObjectiveName`` (the one list of names) is exactly ``objectives.OBJECTIVES`` minus the word-vector ones."""
+    import typing
+
+    import objectives
+    from pretrain.config.run import ObjectiveName
+
+    assert set(typing.get_args(ObjectiveName)) == set(objectives.OBJECTIVES) - {"sgns"}
+
+
+def test_config_pieces_of_different_verbs_do_not_share_a_name():
+    """``optim/bert`` means one file: the finetuning pieces (``configs/finetune/``) never reuse a pretraining
+    piece's group/name."""
+    from pretrain.config import CONFIG_DIR
+
+    pretraining = {p.relative_to(CONFIG_DIR).as_posix() for p in CONFIG_DIR.glob("*/*.yaml")}
+    finetune = CONFIG_DIR / "finetune"
+    finetuning = {p.relative_to(finetune).as_posix() for p in finetune.glob("*/*.yaml")}
+    assert finetuning and not pretraining & finetuning, sorted(pretraining & finetuning)

@@ -18,7 +18,7 @@ import yaml
 from test_evaluation_scoring import ARCHS  # tests/ is on sys.path under pytest
 
 from datamodules.tokenizer import train_bpe
-from pretrain.evaluation.cli import resolve_task_file
+from pretrain.evaluation.config import resolve_task_file
 from pretrain.evaluation.models import load_scorer
 from pretrain.evaluation.runner import evaluate
 from pretrain.evaluation.tasks import TaskConfig, load_task

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.evaluation.cli import TASK_DIR, load_config, load_tasks
+from pretrain.evaluation.config import TASK_DIR, load_config, load_tasks
 from pretrain.evaluation.prompts import FewShotSampler, build_requests
 from pretrain.evaluation.tasks import TaskConfig, load_examples, load_task, task_from_dict
 
@@ -147,7 +147,7 @@ def test_cli_config_layers_and_errors(tmp_path):
         load_config(str(recipe), [], {})
     with pytest.raises(ValueError, match="no tasks"):
         load_config("ckpt", [], {})
-    with pytest.raises(ValueError, match="bad evaluation config"):
+    with pytest.raises(ValueError, match="unknown config key 'shots'"):
         load_config("ckpt", ["shots=3"], {"tasks": ["copa"]})
     with pytest.raises(FileNotFoundError, match="unknown task 'nope'.*copa"):
         load_tasks(load_config("ckpt", [], {"tasks": ["nope"]}))

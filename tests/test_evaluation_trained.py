@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from dataclasses import asdict
@@ -12,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from datamodules.tokenizer import train_bpe
-from pretrain.evaluation.cli import add_evaluate_parser
+from pretrain.cli import main as cli_main
 from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.prompts import FewShotSampler
 from pretrain.evaluation.runner import evaluate, log_to_wandb
@@ -115,10 +114,8 @@ def test_cli_evaluates_a_checkpoint_with_the_documented_kshot_prompt(trained, tm
         target = save_hf(model, tmp_path / "hf", tmp_path / "tokenizer.json")
     task_file = tmp_path / "copa_like.yaml"
     task_file.write_text(f"name: copa_like\ntype: multiple_choice\npath: {path}\nnum_fewshot: 0\n")
-    parser = argparse.ArgumentParser()
-    add_evaluate_parser(parser.add_subparsers())
     out = tmp_path / "results.json"
-    args = parser.parse_args(
+    status = cli_main(
         [
             "evaluate",
             str(target),
@@ -135,7 +132,7 @@ def test_cli_evaluates_a_checkpoint_with_the_documented_kshot_prompt(trained, tm
             "cpu",
         ]
     )
-    assert args.func(args) == 0
+    assert status == 0
     results = json.loads(out.read_text())
     res = results["results"]["copa_like"]
     assert (res["num_fewshot"], res["num_examples"], res["seed"]) == (2, 12, 7)

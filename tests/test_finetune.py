@@ -11,17 +11,11 @@ import pytest
 import torch
 
 from pretrain.cli import main as cli_main
-from pretrain.finetuning.run import (
-    DecodingConfig,
-    FinetuneModule,
-    _optimizer,
-    decode,
-    load_config,
-    load_finetuned,
-    prepare,
-    run,
-    validate,
-)
+from pretrain.finetuning.checkpoint import load_finetuned
+from pretrain.finetuning.config import DecodingConfig, load_config, validate
+from pretrain.finetuning.decoding import decode_targets
+from pretrain.finetuning.module import FinetuneModule, finetune_optimizer
+from pretrain.finetuning.run import build_parts, run
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
@@ -145,7 +139,7 @@ def test_random_bert_learns_saves_and_reloads(files, tmp_path):
     model, saved, tokenizer = load_finetuned(tmp_path / "run" / "finetuned.pt")
     assert saved["label_names"] == ["0", "1"]
     ids = torch.tensor([tokenizer.encode("<cls> the film was superb <sep>", add_special_tokens=False).ids])
-    parts = prepare(cfg)  # a fresh module with the same head shape
+    parts = build_parts(cfg)  # a fresh module with the same head shape
     parts["module"].model.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(model(ids), parts["module"].model.eval()(ids))
@@ -159,7 +153,7 @@ def test_regression_logs_correlations(files, tmp_path):
 
 def test_gpt_frames_pairs_as_text_and_reads_the_last_state(files, tmp_path):
     cfg = validate(raw(files, tmp_path, GPT, save=False, trainer={"max_steps": 3}, data=pairs(files)))
-    parts = prepare(cfg)
+    parts = build_parts(cfg)
     ids = parts["datamodule"].examples["train"][0][0]
     tok = parts["tokenizer"]
     assert [tok.id_to_token(ids[0]), tok.id_to_token(ids[-1])] == ["<s>", "<cls>"]  # start ... extract
@@ -199,10 +193,10 @@ def test_t5_text_to_text_translation(files, tmp_path):
     results = run(cfg)
     assert set(results["val"]) == {"loss", "bleu"}
     assert 0.0 <= results["val"]["bleu"] <= 100.0
-    parts = prepare(cfg)
+    parts = build_parts(cfg)
     batch = next(iter(parts["datamodule"].val_dataloader()))
     for strategy in ("greedy", "sample"):
-        tokens = decode(
+        tokens = decode_targets(
             parts["module"].model, batch, DecodingConfig(strategy=strategy, max_new_tokens=5, top_k=5), 2, 0
         )
         assert tokens.shape == (16, 5) or (tokens.shape[0] == 16 and tokens.shape[1] < 5)
@@ -210,18 +204,18 @@ def test_t5_text_to_text_translation(files, tmp_path):
 
 def test_freeze_and_head_learning_rate(files, tmp_path):
     cfg = validate(raw(files, tmp_path, BERT, head={"lr": 1e-2}, freeze={"embeddings": True, "layers": 1}))
-    module = prepare(cfg)["module"]
+    module = build_parts(cfg)["module"]
     backbone = module.model.backbone
     assert not any(p.requires_grad for p in backbone.embed.parameters())
     assert not any(p.requires_grad for p in backbone.encoder.blocks[0].parameters())
     assert all(p.requires_grad for p in backbone.encoder.blocks[1].parameters())
-    optimizer = _optimizer(cfg, backbone, module.model.head, 10)["optimizer"]
+    optimizer = finetune_optimizer(cfg, backbone, module.model.head, 10)["optimizer"]
     head = {id(p) for p in module.model.head.parameters()}
     for group in optimizer.param_groups:
         is_head = {id(p) in head for p in group["params"]}
         assert len(is_head) == 1 and group["initial_lr"] == (1e-2 if is_head.pop() else 3e-3)
     with pytest.raises(ValueError, match="freeze.layers=5 exceeds"):
-        prepare(validate(raw(files, tmp_path, BERT, freeze={"layers": 5})))
+        build_parts(validate(raw(files, tmp_path, BERT, freeze={"layers": 5})))
 
 
 def test_module_trains_token_and_multiple_choice_heads(files, tmp_path):
@@ -249,12 +243,12 @@ def test_dev_labels_unseen_in_train(files, tmp_path):
     dev = tmp_path / "dev.tsv"
     dev.write_text("sentence\tlabel\ngood film\t1\nodd film\t2\n")
     with pytest.raises(ValueError, match=r"label\(s\) \['2'\] do not occur in the training file"):
-        prepare(validate(raw(files, tmp_path, BERT, data={"val_file": str(dev)})))
+        build_parts(validate(raw(files, tmp_path, BERT, data={"val_file": str(dev)})))
 
 
 def test_missing_columns(files, tmp_path):
     with pytest.raises(ValueError, match=r"missing column\(s\) \['sentence1', 'sentence2'\]"):
-        prepare(validate(raw(files, tmp_path, BERT, data={"task": "rte"})))
+        build_parts(validate(raw(files, tmp_path, BERT, data={"task": "rte"})))
 
 
 def test_checkpoint_without_tokenizer(files, tmp_path):
@@ -270,9 +264,9 @@ def test_checkpoint_without_tokenizer(files, tmp_path):
     cfg = raw(files, tmp_path, BERT)
     cfg["init"] = {"checkpoint": str(ckpt)}
     with pytest.raises(ValueError, match="holds no tokenizer; pass init.tokenizer"):
-        prepare(validate(cfg))
+        build_parts(validate(cfg))
     cfg["init"]["tokenizer"] = str(files / "tokenizer.json")  # the fix named by the error
-    assert prepare(validate(cfg))["module"].model.backbone.config.d_model == 32
+    assert build_parts(validate(cfg))["module"].model.backbone.config.d_model == 32
 
 
 def test_hugging_face_directory_without_tokenizer(files, tmp_path):
@@ -284,7 +278,7 @@ def test_hugging_face_directory_without_tokenizer(files, tmp_path):
     cfg = raw(files, tmp_path, BERT)
     cfg["init"] = {"checkpoint": str(tmp_path / "hf")}
     with pytest.raises(ValueError, match="has no tokenizer"):
-        prepare(validate(cfg))
+        build_parts(validate(cfg))
 
 
 @pytest.mark.parametrize(
@@ -298,7 +292,7 @@ def test_hugging_face_directory_without_tokenizer(files, tmp_path):
 )
 def test_head_or_tokenizer_that_does_not_fit(files, tmp_path, model, sections, message):
     with pytest.raises(ValueError, match=message):
-        prepare(validate(raw(files, tmp_path, model, **sections)))
+        build_parts(validate(raw(files, tmp_path, model, **sections)))
 
 
 @pytest.mark.parametrize(

@@ -159,12 +159,14 @@ def _our_out(model, kw):
     return out.logits if out.logits is not None else out.hidden_states
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_from_hf_matches_transformers(name, tmp_path):
+def test_from_hf_matches_transformers(name, backend, tmp_path):
     hf = _build(name, tmp_path)
-    model = from_hf(hf)
+    model = from_hf(hf).set_attention(backend)
     kw, real = _inputs(name)
-    ref, ours = _hf_out(hf, kw), _our_out(model, kw)
+    with torch.compiler.set_stance("force_eager"):  # eager flex: same math, no compile time
+        ref, ours = _hf_out(hf, kw), _our_out(model, kw)
     assert ref.shape == ours.shape
     assert (ref - ours).abs()[real].max().item() <= 1e-4
     if name == "bert_model":  # pooler on the (real) first token

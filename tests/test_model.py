@@ -110,11 +110,11 @@ def test_shape_walk(name):
     block = stack.blocks[0]
     rope = stack.rope(positions) if stack.rope is not None else None
     memory = torch.randn(2, 5, 8) if block.cross_attn is not None else None
-    assert block.attn(x, is_causal=True, rope=rope).shape == (2, 4, 8)
+    assert block.attn(x, rope=rope).shape == (2, 4, 8)
     if memory is not None:
         assert block.cross_attn(x, memory=memory).shape == (2, 4, 8)
     assert block.mlp(x).shape == (2, 4, 8)
-    assert block(x, None, True, rope, memory, None, None, 0).shape == (2, 4, 8)
+    assert block(x, None, rope, memory, None, None, 0).shape == (2, 4, 8)
     assert stack(x, positions, memory=memory).shape == (2, 4, 8)
     out = model(tokens, decoder_input_ids=tokens if memory is not None else None)
     assert out.logits.shape == (2, 4, V) and out.hidden_states.shape == (2, 4, 8)
@@ -303,6 +303,34 @@ def test_gradient_checkpointing_gives_same_gradients():
         model(ids(2, 8)).logits.square().mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt", "t5"])
+def test_head_at_target_positions_equals_all_positions(name):
+    """Loss and every gradient of the gathered head (transform + decoder on N positions) equal those of the
+    all-positions computation with ignored labels, in float64."""
+    model = tiny(name).double()  # eval: no dropout
+    x = ids(3, 16)
+    labels = ids(3, 16, seed=2).masked_fill(
+        torch.rand(3, 16, generator=torch.Generator().manual_seed(3)) > 0.2, -100
+    )
+    positions = (labels.flatten() != -100).nonzero().squeeze(1)
+    kw = {"decoder_input_ids": x} if name == "t5" else {}
+    results = []
+    for target_positions in (None, positions):
+        model.zero_grad()
+        logits = model(x, target_positions=target_positions, **kw).logits
+        flat_labels = labels.flatten() if target_positions is None else labels.flatten()[positions]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, V), flat_labels, ignore_index=-100, reduction="sum"
+        )
+        loss.backward()
+        results.append((logits.shape, loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (shape_all, loss_all, grads_all), (shape_gathered, loss_gathered, grads_gathered) = results
+    assert shape_all == (3, 16, V) and shape_gathered == (len(positions), V) and 0 < len(positions) < 20
+    torch.testing.assert_close(loss_gathered, loss_all, rtol=1e-12, atol=0)
+    for g_all, g_gathered in zip(grads_all, grads_gathered, strict=True):
+        torch.testing.assert_close(g_gathered, g_all, rtol=1e-10, atol=1e-12)
 
 
 def test_init_schemes():

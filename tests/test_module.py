@@ -12,7 +12,7 @@ from training_utils import metric_by_step, read_metrics, tiny_recipe, tiny_world
 
 from pretrain import config
 from pretrain.models.transformer import Transformer
-from pretrain.training.module import STEP_TARGETS, PretrainData, StepGroups
+from pretrain.training.module import STEP_TARGETS, TARGET_POSITIONS, PretrainData, StepGroups
 from pretrain.training.setup import build_data, prepare_run
 from pretrain.training.trainer import build_trainer
 
@@ -142,6 +142,31 @@ def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_worl
     }
     out = parts["datamodule"].on_before_batch_transfer(dict(batch), 0)
     assert "attention_mask" not in out and out["decoder_attention_mask"] is batch["decoder_attention_mask"]
+
+
+@pytest.mark.parametrize("kind", ["gpt", "bert"])
+def test_sparse_targets_get_target_positions_before_transfer(tmp_path, tiny_world, kind):  # noqa: F811
+    """MLM batches carry the flat indices of their labelled positions (the LM head runs there only; the gathered
+    training gradient is checked against the all-positions one above); causal LM targets are dense."""
+    run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, kind))
+    parts = prepare_run(run, resolved)
+    dm, module = parts["datamodule"], parts["module"]
+    dm.setup("fit")
+    batch = dm.on_before_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    inputs, labels = module._split(batch)
+    if kind == "gpt":
+        assert TARGET_POSITIONS not in batch and labels is batch["labels"]
+        return
+    positions = batch[TARGET_POSITIONS]
+    assert torch.equal(labels, batch["labels"][batch["labels"] != -100])
+    assert 0 < len(positions) < batch["labels"].numel() / 2
+    logits = module.model(**inputs).logits
+    assert logits.shape == (len(positions), run.model.vocab_size)
+    full = module.model.flops_per_token(32) * 32 * inputs["input_ids"].shape[0]
+    head = 6 * (32 * 32 + 32 * run.model.vocab_size)  # MLM transform + decoder weights, per position
+    assert module._batch_flops(inputs, backward=True) == pytest.approx(
+        full - head * (inputs["input_ids"].numel() - len(positions))
+    )
 
 
 def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811

@@ -41,7 +41,6 @@ def fit(tmp_path, module: Signaller, accumulate: int = 1) -> LastCheckpoint:
         max_steps=10,
         accelerator="cpu",
         logger=False,
-        enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         accumulate_grad_batches=accumulate,

@@ -13,12 +13,10 @@ from pretrain.models.rnn import (
     AttentionScore,
     RNNConfig,
     RNNLanguageModel,
+    RNNState,
     Seq2SeqConfig,
     Seq2SeqRNN,
-    detach_cache,
     matched_width,
-    new_cache,
-    read_state,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -108,10 +106,11 @@ def test_detached_state_stops_gradients_at_the_batch_boundary():
     x = torch.randint(0, 50, (2, 10))
     weight = model.rnn.weight_hh_l0
     first = model(x[:, :5])
-    h, c = read_state(first.cache, "lstm")
-    fresh = new_cache(h.detach().clone(), c.detach().clone())  # the same values, no history
+    fresh = RNNState(
+        first.cache.h.detach().clone(), first.cache.c.detach().clone()
+    )  # same values, no history
     (g_fresh,) = torch.autograd.grad(model(x[:, 5:], cache=fresh).logits.sum(), weight)
-    (g_cut,) = torch.autograd.grad(model(x[:, 5:], cache=detach_cache(first.cache)).logits.sum(), weight)
+    (g_cut,) = torch.autograd.grad(model(x[:, 5:], cache=first.cache.detach()).logits.sum(), weight)
     (g_full,) = torch.autograd.grad(model(x[:, 5:], cache=first.cache).logits.sum(), weight)
     torch.testing.assert_close(g_cut, g_fresh)
     assert not torch.allclose(g_full, g_cut)  # without the cut, gradients flow into the first chunk

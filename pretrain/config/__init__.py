@@ -1,6 +1,6 @@
 """The one config system: every verb's YAML composes (``compose``) and validates (``structured``) the same way."""
 
-from pretrain.config.compose import CONFIG_DIR, RECIPE_DIR, compose, structured
+from pretrain.config.compose import CONFIG_DIR, RECIPE_DIR, apply_overrides, compose, structured
 from pretrain.config.run import (
     CheckpointConfig,
     DataConfig,
@@ -27,6 +27,7 @@ __all__ = [
     "SourceConfig",
     "TokenizerConfig",
     "TrainerConfig",
+    "apply_overrides",
     "compose",
     "global_batch_size",
     "load",

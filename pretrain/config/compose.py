@@ -7,7 +7,9 @@ A recipe lists its *pieces* and overrides some values::
     name: gpt-tiny
     trainer: {max_steps: 300}
 
-``model/gpt-tiny`` is ``configs/model/gpt-tiny.yaml`` placed under the ``model`` key. The pieces are merged in order,
+A recipe is a path or the name of a shipped one (``gpt-tiny``). ``model/gpt-tiny`` is
+``configs/model/gpt-tiny.yaml`` placed under the ``model`` key; ``${pkg:recipes}`` is the installed ``recipes``
+package (shipped data paths resolve from any directory). The pieces are merged in order,
 then the recipe body, then ``key=value`` overrides (OmegaConf dotlist), and ``${...}`` interpolations are resolved.
 ``structured`` then builds the verb's dataclass: an unknown key names its path and the closest valid keys, a wrong
 type names the expected type. Nothing is imported by name.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import types
 import typing
 from pathlib import Path
@@ -30,6 +33,18 @@ import recipes as _recipes
 
 CONFIG_DIR = Path(_config_pieces.__file__).parent  # shipped as package data (wheel and source tree alike)
 RECIPE_DIR = Path(_recipes.__file__).parent
+
+
+def _package_dir(name: str) -> str:
+    """``${pkg:NAME}``: the directory of an installed package (located without importing it)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package {name!r} is not installed (needed by ${{pkg:{name}}}); pip install it")
+    return str(Path(spec.submodule_search_locations[0]))
+
+
+if not OmegaConf.has_resolver("pkg"):
+    OmegaConf.register_resolver("pkg", _package_dir)
 
 
 def _piece_path(ref: str, recipe_dir: Path, config_dir: Path) -> Path:
@@ -47,15 +62,25 @@ def _piece_path(ref: str, recipe_dir: Path, config_dir: Path) -> Path:
     )
 
 
+def resolve_recipe(recipe: str | Path) -> Path:
+    """A recipe file: ``recipe`` itself when it exists, else the shipped recipe of that name (``gpt-tiny``,
+    ``gpt-tiny.yaml`` or ``recipes/gpt-tiny.yaml`` run from any directory, installed wheel included)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    shipped = RECIPE_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if path.parent in (Path("."), Path("recipes")) and shipped.is_file():
+        return shipped
+    ready = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"recipe {recipe} not found; ready recipes (by name): {ready}")
+
+
 def compose(
     recipe: str | Path, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR
 ) -> dict[str, Any]:
     """Merge the recipe's pieces (from ``config_dir``), its body and ``key=value`` overrides; return the resolved
     plain dict."""
-    recipe = Path(recipe)
-    if not recipe.is_file():
-        ready = sorted(f"recipes/{p.name}" for p in RECIPE_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"recipe {recipe} not found; ready recipes: {ready}")
+    recipe = resolve_recipe(recipe)
     try:
         body = OmegaConf.load(recipe)
         pieces = []
@@ -64,18 +89,24 @@ def compose(
             pieces.append(
                 OmegaConf.create({group: OmegaConf.load(_piece_path(ref, recipe.parent, config_dir))})
             )
-        merged = OmegaConf.merge(*pieces, body)
-        for item in overrides or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ValueError(
-                    f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)"
-                )
-            # the value is parsed as in YAML (numbers, lists, null); `a.b.0.c=` addresses list items
-            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
-        return OmegaConf.to_container(merged, resolve=True)
+        return apply_overrides(OmegaConf.merge(*pieces, body), overrides)
     except (OmegaConfBaseException, TypeError) as err:
         raise ValueError(f"cannot compose {recipe}: {err}") from err
+
+
+def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
+    """``key=value`` overrides (values parsed as in YAML: numbers, lists, null; ``a.b.0.c=`` addresses list
+    items) applied to a dict or OmegaConf node; returns the resolved plain dict."""
+    merged = OmegaConf.create(config) if isinstance(config, dict) else config
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")
+        try:
+            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
+        except OmegaConfBaseException as err:
+            raise ValueError(f"override {item!r}: {err}") from err
+    return OmegaConf.to_container(merged, resolve=True)
 
 
 def _type_name(tp: Any) -> str:

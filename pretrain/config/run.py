@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from datamodules.corpus import document_mode
 from pretrain.config.compose import compose, structured
 from pretrain.models.config import ModelConfig
 
-OBJECTIVES = ("clm", "mlm", "span_corruption", "prefix_lm", "ul2")
+ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 
@@ -22,7 +23,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 class ObjectiveConfig:
     """``objectives.build(name, tokenizer, **options)``."""
 
-    name: Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"] = "clm"
+    name: ObjectiveName = "clm"
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -41,12 +42,20 @@ class TokenizerConfig:
 
 @dataclass
 class SourceConfig:
-    """One corpus: raw text files, the prepared directory ``pretrain prepare`` writes, and its blending weight."""
+    """One corpus: raw text files, how they are cut into documents, the prepared directory ``pretrain prepare``
+    writes, and its blending weight.
+
+    ``document`` is the source's document convention (``datamodules.corpus``): ``file`` (whole file, paragraph
+    breaks kept), ``line``, ``blank_line`` (each paragraph a document; the break becomes EOS) or
+    ``separator:S`` (documents end at lines equal to S; paragraph breaks inside documents kept). JSONL /
+    Parquet / ``datasets`` inputs: one record per document, its ``text_field``."""
 
     name: str = "corpus"
     text: list[str] = field(default_factory=list)
     prepared: str = "runs/data/corpus"
     weight: float = 1.0
+    document: str = "blank_line"
+    text_field: str = "text"
 
 
 @dataclass
@@ -152,6 +161,53 @@ class CheckpointConfig:
 
 
 @dataclass
+class NonFiniteGuardConfig:
+    """A step whose loss or gradient norm is NaN/Inf is not applied; ``max_consecutive`` in a row roll back."""
+
+    enabled: bool = True  # off under 16-mixed precision, whose gradient scaler already skips such steps
+    max_consecutive: int = 3
+
+
+@dataclass
+class SpikeGuardConfig:
+    """Loss above ``mean + k * std`` of the last ``window`` normal steps for ``m`` steps in a row: roll back to
+    the last good state, skip the data read since, scale the learning rate by ``lr_factor`` for ``lr_steps``."""
+
+    enabled: bool = False
+    k: float = 4.0
+    m: int = 3
+    window: int = 100
+    min_history: int = 20  # normal steps seen before spikes are detected
+    lr_factor: float = 1.0
+    lr_steps: int = 0
+
+
+@dataclass
+class HangGuardConfig:
+    """A step longer than ``max(min_seconds, factor * median of recent steps)`` dumps every rank's Python stacks
+    to ``<run_dir>/hang-rank<r>.txt`` and exits with status 1; the first steps get ``startup_seconds``."""
+
+    enabled: bool = True
+    factor: float = 20.0
+    min_seconds: float = 300.0
+    startup_seconds: float = 1800.0
+    collective_timeout_seconds: float = 3600.0  # DDP/FSDP process group: longer than the dump above
+
+
+@dataclass
+class GuardsConfig:
+    """Unattended runs (``pretrain.training.guards``). Rollbacks restore a host-memory copy of the weights and
+    optimizer taken at train start, at every checkpoint and every ``snapshot_every`` steps (0: checkpoints only),
+    always at a step with no anomaly running."""
+
+    nonfinite: NonFiniteGuardConfig = field(default_factory=NonFiniteGuardConfig)
+    spike: SpikeGuardConfig = field(default_factory=SpikeGuardConfig)
+    hang: HangGuardConfig = field(default_factory=HangGuardConfig)
+    snapshot_every: int = 0
+    max_rollbacks: int = 10  # then the run stops with an error
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 1337
@@ -166,6 +222,7 @@ class RunConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -201,11 +258,59 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         )
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
+    for i, source in enumerate(run.data.sources):
+        try:
+            document_mode(source.document)
+        except ValueError as err:
+            raise ValueError(f"data.sources[{i}].{err}") from None
+    _check_optim(run.optim)
+    _check_guards(run.guards)
     if run.strategy.name == "deepspeed" and run.trainer.compile:
         raise ValueError(
             "trainer.compile is not supported with strategy deepspeed; set trainer.compile=false"
         )
     return run
+
+
+def _check_optim(o: OptimConfig) -> None:
+    if not o.lr > 0:
+        raise ValueError(f"optim.lr must be > 0, got {o.lr}")
+    if o.eps <= 0 or o.weight_decay < 0:
+        raise ValueError(
+            f"optim.eps must be > 0 and optim.weight_decay >= 0, got {o.eps} and {o.weight_decay}"
+        )
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
+    if o.warmup_steps < 0 or not 0 <= o.min_lr_ratio <= 1:
+        raise ValueError(
+            f"optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1], "
+            f"got {o.warmup_steps} and {o.min_lr_ratio}"
+        )
+
+
+def _check_guards(g: GuardsConfig) -> None:
+    checks = [
+        ("nonfinite.max_consecutive", g.nonfinite.max_consecutive >= 1, ">= 1"),
+        ("spike.k", g.spike.k > 0, "> 0"),
+        ("spike.m", g.spike.m >= 1, ">= 1"),
+        ("spike.window", g.spike.window >= 2, ">= 2"),
+        ("spike.min_history", 2 <= g.spike.min_history <= g.spike.window, "in [2, guards.spike.window]"),
+        ("spike.lr_factor", 0 < g.spike.lr_factor <= 1, "in (0, 1]"),
+        ("spike.lr_steps", g.spike.lr_steps >= 0, ">= 0"),
+        ("hang.factor", g.hang.factor > 1, "> 1"),
+        ("hang.min_seconds", g.hang.min_seconds > 0, "> 0"),
+        ("hang.startup_seconds", g.hang.startup_seconds > 0, "> 0"),
+        (
+            "hang.collective_timeout_seconds",
+            g.hang.collective_timeout_seconds > max(g.hang.min_seconds, g.hang.startup_seconds),
+            "> guards.hang.min_seconds and guards.hang.startup_seconds (the stack dump must come first)",
+        ),
+        ("snapshot_every", g.snapshot_every >= 0, ">= 0"),
+        ("max_rollbacks", g.max_rollbacks >= 0, ">= 0"),
+    ]
+    for name, ok, bound in checks:
+        if not ok:
+            raise ValueError(f"guards.{name} must be {bound}")
 
 
 def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:

@@ -9,10 +9,11 @@
 Modules: ``tasks`` (YAML task files, JSONL validation), ``prompts`` (k-shot prompts, seeded sampler),
 ``scoring`` (``LMScorer``: batched log-likelihood, greedy decoding), ``metrics``, ``perplexity`` (rolling
 windows), ``models`` (our Transformer / checkpoints -> ``LMScorer``), ``runner`` (results, table, W&B),
-``cli`` (``pretrain evaluate``), ``lm_eval_adapter`` (lm-eval model ``"pretrain"``; needs ``lm-eval``).
+``config`` (``EvalConfig``, composed and validated like every verb), ``cli`` (``pretrain evaluate``
+arguments), ``lm_eval_adapter`` (lm-eval model ``"pretrain"``; needs ``lm-eval``).
 """
 
-from .models import load_model, load_scorer, scorer_from_model
+from .models import load_model_and_tokenizer, load_scorer, scorer_from_model
 from .runner import evaluate, evaluate_task, format_table, log_to_wandb, save_results
 from .scoring import LMScorer, UnsupportedModelError
 from .tasks import TaskConfig, load_examples, load_task
@@ -25,7 +26,7 @@ __all__ = [
     "evaluate_task",
     "format_table",
     "load_examples",
-    "load_model",
+    "load_model_and_tokenizer",
     "load_scorer",
     "load_task",
     "log_to_wandb",

@@ -1,6 +1,6 @@
 """Turn our ``Transformer`` (or a checkpoint of one) into an ``LMScorer``.
 
-Checkpoints accepted by ``load_model``:
+Checkpoints accepted by ``load_model_and_tokenizer``:
 
 - a ``pretrain fit`` checkpoint file (``.ckpt``; config, weights and tokenizer in one file), or a run /
   checkpoint directory (its newest valid ``.ckpt``);
@@ -174,7 +174,7 @@ def _load_ckpt(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, T
     return model, tok, {"prefix_token": None, "eos_token": overrides.get("eos")}
 
 
-def load_model(
+def load_model_and_tokenizer(
     checkpoint: str | Path, tokenizer: str | Path | None = None
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """(model, tokenizer, {"prefix_token", "eos_token"}) from a .ckpt / run dir / transformers dir."""
@@ -205,10 +205,10 @@ def load_scorer(
     prefix_token: str | None = None,
     **scorer_options: Any,
 ) -> LMScorer:
-    """``load_model`` + ``scorer_from_model`` on ``device`` in ``dtype`` (float32 | bfloat16 | float16)."""
+    """``load_model_and_tokenizer`` + ``scorer_from_model`` on ``device`` in ``dtype`` (float32 | bfloat16 | float16)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    model, tok, info = load_model(checkpoint, tokenizer)
+    model, tok, info = load_model_and_tokenizer(checkpoint, tokenizer)
     model = model.to(device=device, dtype=DTYPES[dtype])
     return scorer_from_model(
         model,

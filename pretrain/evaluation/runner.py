@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from . import metrics as M
+from .config import EvalConfig, load_tasks
 from .perplexity import evaluate_perplexity
 from .prompts import DEFAULT_FEWSHOT_SEED, build_requests
 from .scoring import LMScorer
@@ -79,7 +82,7 @@ def evaluate_task(
     """(summary, per-example records) of one task; ``limit`` overrides ``task.limit``."""
     limit = limit or task.limit
     if task.type == "perplexity":
-        docs = load_documents(task.path, task.document_separator, limit)
+        docs = load_documents(task.path, task.document, limit)
         values, records = evaluate_perplexity(scorer, docs)
         summary = {name: (value, None) for name, value in values.items()}
         n = len(docs)
@@ -199,3 +202,42 @@ def log_to_wandb(results: dict[str, Any], run: Any, step: int | None = None) -> 
     except ImportError:
         pass
     run.log(payload, step=step) if step is not None else run.log(payload)
+
+
+def run_evaluation(config: EvalConfig) -> dict[str, Any]:
+    """Load the tasks (validated) and the scorer, evaluate, print the table; write JSON / log to W&B if asked."""
+    import torch
+
+    from .models import load_scorer
+
+    tasks = load_tasks(config)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
+    scorer = load_scorer(
+        config.checkpoint,
+        config.tokenizer,
+        device=device,
+        dtype=config.dtype,
+        prefix_token=config.prefix_token,
+        max_length=config.max_length,
+        batch_size=config.batch_size,
+        padding_side=config.padding_side,
+    )
+    results = evaluate(scorer, tasks, seed=config.seed, limit=config.limit, log_samples=config.log_samples)
+    results["config"] = {**asdict(config), "device": device, "max_length": scorer.max_length}
+    print(format_table(results))
+    if config.output:
+        print(f"results -> {save_results(results, config.output)}")
+    if config.wandb_project or config.wandb_run_id:
+        import wandb
+
+        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        run = wandb.init(
+            project=config.wandb_project or "pretrain",
+            id=config.wandb_run_id,
+            resume="allow",
+            mode=mode,
+            job_type="eval",
+        )
+        log_to_wandb(results, run)
+        run.finish()
+    return results

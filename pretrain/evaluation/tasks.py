@@ -26,6 +26,7 @@ perplexity            ``text`` (JSONL) or a raw ``.txt`` file          word/byte
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,11 @@ class TaskConfig:
     max_new_tokens: int = 256
     ignore_case: bool = False
     strip: bool = True  # strip whitespace from the prediction before exact match
-    # perplexity on a .txt file: split into documents on this string (default: the file is one document)
-    document_separator: str | None = None
+    # perplexity on a text file: its document convention, as in `pretrain prepare` (datamodules.corpus): "file"
+    # (default, lm-eval's: the whole file is one document), "line", "blank_line", "separator:S". Each document is
+    # scored on its own after the prefix token, as training saw it after EOS: to read the text the way a corpus
+    # was prepared, give its data.sources[].document here (the default differs from prepare's blank_line)
+    document: str = "file"
     source: str = field(default="<dict>", repr=False)  # file the task was read from (for error messages)
 
     def __post_init__(self) -> None:
@@ -89,6 +93,10 @@ class TaskConfig:
             raise ValueError(f"{where}: perplexity tasks take no shots; set num_fewshot: 0")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit <= 0):
             raise ValueError(f"{where}: limit must be a positive integer or null, got {self.limit!r}")
+        if self.type == "perplexity":
+            from datamodules.corpus import document_mode
+
+            document_mode(self.document)
         if self.max_new_tokens <= 0:
             raise ValueError(f"{where}: max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.until is not None and not all(isinstance(s, str) for s in self.until):
@@ -193,15 +201,17 @@ def load_examples(path: str | Path, task_type: str) -> list[Example]:
     return examples
 
 
-def load_documents(path: str | Path, separator: str | None = None, limit: int | None = None) -> list[str]:
-    """Raw-text documents for perplexity: a ``.jsonl`` file's ``text`` fields, or a text file."""
+def load_documents(path: str | Path, document: str = "file", limit: int | None = None) -> list[str]:
+    """Raw-text documents for perplexity: a ``.jsonl`` file's ``text`` fields, or a text file cut by the
+    ``document`` convention with the reader ``pretrain prepare`` uses (``datamodules.corpus.iter_documents``)."""
+    from datamodules.corpus import Source, iter_documents
+
     path = Path(path)
     if path.suffix == ".jsonl":
         return [ex["text"] for ex in load_examples(path, "perplexity")][:limit]
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist (check the task's path and --data-root)")
-    text = path.read_text(encoding="utf-8")
-    docs = [d for d in text.split(separator) if d.strip()] if separator else [text]
-    if not docs or not docs[0]:
+    docs = list(itertools.islice(iter_documents([Source("text", str(path))], document=document), limit))
+    if not docs:
         raise ValueError(f"{path}: no text found")
-    return docs[:limit] if limit else docs
+    return docs

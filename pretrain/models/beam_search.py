@@ -19,6 +19,7 @@ The result is the pool's best hypotheses, padded to the longest returned one wit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -34,8 +35,12 @@ class BeamSearchOutput:
     scores: Tensor  # (B * R,) length-normalised log-probability of each returned hypothesis
 
 
-def reorder_cache(cache: KVCache, index: Tensor) -> None:
-    """Select rows ``index`` (B',) of every cached tensor in place (beam reordering / expansion)."""
+def reorder_cache(cache: Any, index: Tensor) -> None:
+    """Select rows ``index`` (B',) of every cached tensor in place (beam reordering / expansion): a
+    ``KVCache``, or any model state with a ``reorder(index)`` method (``pretrain.models.rnn.RNNState``)."""
+    if not isinstance(cache, KVCache):
+        cache.reorder(index)
+        return
     for kv in (cache.self_kv, cache.cross_kv):
         for i, pair in enumerate(kv):
             if pair is not None:

@@ -8,7 +8,7 @@ round-trips through ``dataclasses.asdict`` and OmegaConf structured configs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ARCHS = ("decoder", "encoder", "encoder-decoder")
 NORMS = ("layernorm", "rmsnorm")
@@ -18,6 +18,7 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh", "reglu")
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "none")
 ATTN_SCALES = ("default", "none")
 INITS = ("gpt2", "t5", "bert")
+ATTENTIONS = ("sdpa", "flex")
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -28,6 +29,11 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+
+
+def _in_range(name: str, value: object, low: int, high: int, why: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"ModelConfig.{name} must be an integer in [{low}, {high}] ({why}), got {value!r}")
 
 
 def _probability(name: str, value: float) -> None:
@@ -81,6 +87,20 @@ class ModelConfig:
     dropout: float = 0.0  # embeddings and every residual branch
     attn_dropout: float = 0.0  # attention probabilities
 
+    # Attention backend and sparse long-context pattern (pretrain.models.attention). The sparse fields combine
+    # as in BigBird: sliding window | global tokens | random blocks, then causality, documents and padding.
+    attention: str = "sdpa"  # sdpa (F.scaled_dot_product_attention, dense masks) | flex (flex_attention)
+    attention_window: int = (
+        0  # sliding window: decoder 0 <= q - k < w (Mistral), encoder |q - k| < w; 0 = off
+    )
+    attention_global_tokens: int = 0  # the first k positions attend to and are attended by every position
+    attention_global_token_ids: list[int] = field(
+        default_factory=list
+    )  # encoder tokens global wherever they occur
+    attention_random_blocks: int = 0  # BigBird: r random key blocks per query block (seeded, reproducible)
+    attention_block_size: int = 128  # block of the random pattern and of flex's BlockMask
+    attention_seed: int = 0  # seed of the random-block pattern
+
     init: str = "gpt2"  # gpt2 (N(0, std), residual projections std/sqrt(2L)) | bert (N(0, std)) | t5 (fan-in)
     init_std: float = 0.02
 
@@ -96,6 +116,7 @@ class ModelConfig:
         _choice("position", self.position, POSITIONS)
         _choice("attn_scale", self.attn_scale, ATTN_SCALES)
         _choice("init", self.init, INITS)
+        _choice("attention", self.attention, ATTENTIONS)
         for name in (
             "vocab_size",
             "d_model",
@@ -158,10 +179,55 @@ class ModelConfig:
             )
         _probability("dropout", self.dropout)
         _probability("attn_dropout", self.attn_dropout)
+        self._check_attention()
         if self.init_std <= 0:
             raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std}")
         if self.logit_scale <= 0:
             raise ValueError(f"ModelConfig.logit_scale must be > 0, got {self.logit_scale}")
+
+    def _check_attention(self) -> None:
+        """Sparse pattern fields must fit max_seq_len and the block layout."""
+        n = self.max_seq_len
+        block = self.attention_block_size
+        high = n if self.attention_random_blocks else 2**16  # random blocks need whole blocks in the sequence
+        if (
+            isinstance(block, bool)
+            or not isinstance(block, int)
+            or not 16 <= block <= high
+            or block & (block - 1)
+        ):
+            raise ValueError(
+                f"ModelConfig.attention_block_size must be a power of two in [16, {high}] (flex_attention "
+                f"tiles{'; random blocks need block <= max_seq_len' if high == n else ''}), got {block!r}"
+            )
+        _in_range("attention_window", self.attention_window, 0, n, "0 = off, at most max_seq_len")
+        _in_range("attention_global_tokens", self.attention_global_tokens, 0, n - 1, "fewer than max_seq_len")
+        n_blocks = -(-n // block)
+        _in_range(
+            "attention_random_blocks",
+            self.attention_random_blocks,
+            0,
+            n_blocks - 1,
+            f"fewer than the {n_blocks} key blocks of max_seq_len / attention_block_size",
+        )
+        _in_range("attention_seed", self.attention_seed, 0, 2**63 - 1, "a generator seed")
+        if self.attention_global_token_ids and self.arch == "decoder":
+            raise ValueError(
+                "ModelConfig.attention_global_token_ids must be empty for arch='decoder' (it applies to "
+                "encoders); decoders use attention_global_tokens"
+            )
+        for token in self.attention_global_token_ids:
+            _in_range("attention_global_token_ids", token, 0, self.vocab_size - 1, "token ids < vocab_size")
+
+    @property
+    def sparse(self) -> bool:
+        """True when a sliding window, global tokens or random blocks restrict attention."""
+        return bool(
+            self.attention_window
+            or self.attention_global_tokens
+            or self.attention_global_token_ids
+            or self.attention_random_blocks
+        )
 
     @property
     def gated(self) -> bool:

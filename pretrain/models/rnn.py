@@ -4,11 +4,11 @@ Axes: B batch, T target (decoder) length, S source length, V vocabulary, E embed
 M memory width (encoder outputs: 2H bidirectional, else H), L layers.
 
 Both models follow the backbone's calling convention (``pretrain.models.transformer.Transformer``): keyword inputs named as
-the objectives' batches, an output with ``.logits``, and a ``cache`` that carries the past -- for an RNN the
-hidden state -- held in a :class:`pretrain.models.transformer.KVCache` (``self_kv[l] = (h_l, c_l)``, each (B, H), GRU:
-``c_l`` empty; ``cross_kv[0] = (memory, key projection)`` and ``encoder_mask`` for the encoder-decoder). So
+the objectives' batches, an output with ``.logits``, and a ``cache`` that carries the past -- for an RNN an
+:class:`RNNState` (hidden states, LSTM cells, and the encoder memory for the encoder-decoder), updated in place
+and reordered by ``RNNState.reorder`` as ``pretrain.models.beam_search`` reorders a KV cache. So
 ``pretrain.models.generation.generate`` and ``pretrain.models.beam_search.beam_search`` decode them unchanged, and
-truncated BPTT is ``cache=detach_cache(out.cache)`` between batches.
+truncated BPTT is ``cache=out.cache.detach()`` between batches.
 
 Language model (Zaremba et al. 2014; Merity et al. 2018): embedding -> dropout -> L-layer LSTM/GRU (dropout
 between layers) -> [projection H -> E when tied and H != E] -> dropout -> linear to V, whose weight is the
@@ -29,13 +29,11 @@ h_t scores every s_j, ``a_t = softmax_j score(h_t, s_j)`` over real source token
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-
-from pretrain.models.transformer import KVCache
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
 SCORES = ("dot", "multiplicative", "low_rank", "additive")
@@ -105,52 +103,46 @@ def init_recurrent(rnn: nn.LSTM | nn.GRU, forget_bias: float) -> None:
                 p[H : 2 * H] = forget_bias if name.startswith("bias_ih") else 0.0
 
 
-def new_cache(h: Tensor, c: Tensor | None) -> KVCache:
-    """A cache holding states ``h, c`` (L, B, H) batch-first per layer (see module doc)."""
-    cache = KVCache(h.shape[0])
-    store_state(cache, h, c)
-    return cache
+@dataclass
+class RNNState:
+    """The past of a recurrent model: hidden states ``h`` (L, B, H), LSTM cells ``c`` (L, B, H) (None for the
+    GRU) and, for the encoder-decoder, the encoder ``memory`` (B, S, M), its attention ``keys`` and the source
+    ``encoder_mask`` (B, S). Updated in place by the model (decoding loops reuse the object they passed)."""
 
+    h: Tensor
+    c: Tensor | None = None
+    memory: Tensor | None = None
+    keys: Tensor | None = None
+    encoder_mask: Tensor | None = None
 
-def store_state(cache: KVCache, h: Tensor, c: Tensor | None) -> None:
-    empty = h.new_empty(h.shape[1], 0)
-    cache.self_kv = [(h[l], empty if c is None else c[l]) for l in range(h.shape[0])]
+    @property
+    def rnn_state(self) -> Tensor | tuple[Tensor, Tensor]:
+        """``nn.LSTM`` / ``nn.GRU`` layout: ``(h, c)`` or ``h``."""
+        return self.h if self.c is None else (self.h, self.c)
 
+    def update(self, state: Tensor | tuple[Tensor, Tensor]) -> RNNState:
+        self.h, self.c = state if isinstance(state, tuple) else (state, None)
+        return self
 
-def read_state(cache: KVCache, cell: str) -> Tensor | tuple[Tensor, Tensor]:
-    """The cached state in ``nn.LSTM``/``nn.GRU`` layout: h (L, B, H), or (h, c) for the LSTM."""
-    h = torch.stack([kv[0] for kv in cache.self_kv])
-    return (h, torch.stack([kv[1] for kv in cache.self_kv])) if cell == "lstm" else h
+    def detach(self) -> RNNState:
+        """The same state cut from the graph (truncated backpropagation through time)."""
+        cut = lambda x: None if x is None else x.detach()
+        return replace(self, h=cut(self.h), c=cut(self.c), memory=cut(self.memory), keys=cut(self.keys))
 
-
-def detach_cache(cache: KVCache | None) -> KVCache | None:
-    """The same state cut from the graph (truncated backpropagation through time)."""
-    if cache is None:
-        return None
-    out = KVCache(len(cache.self_kv))
-    out.self_kv = [(h.detach(), c.detach()) for h, c in cache.self_kv]
-    out.cross_kv = [None if kv is None else (kv[0].detach(), kv[1].detach()) for kv in cache.cross_kv]
-    out.encoder_mask = cache.encoder_mask
-    return out
-
-
-def _split_state(state: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
-    return state if isinstance(state, tuple) else (state, None)
-
-
-def _updated(cache: KVCache | None, n_layer: int, state: Tensor | tuple[Tensor, Tensor]) -> KVCache:
-    """``cache`` (a new one if None) holding ``state``, updated in place as the KV cache is (beam search
-    reorders and reuses the object it passed)."""
-    cache = KVCache(n_layer) if cache is None else cache
-    store_state(cache, *_split_state(state))
-    return cache
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (B',) in place (beam reordering / expansion)."""
+        self.h = self.h.index_select(1, index)
+        self.c = None if self.c is None else self.c.index_select(1, index)
+        for name in ("memory", "keys", "encoder_mask"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).index_select(0, index))
 
 
 @dataclass
 class RNNOutput:
     logits: Tensor  # (B, T, V)
     hidden_states: Tensor  # (B, T, H or E) the input of the output layer
-    cache: KVCache | None = None
+    cache: RNNState | None = None
     attention: Tensor | None = None  # (B, T, S) encoder-decoder attention weights
 
 
@@ -185,7 +177,7 @@ class RNNLanguageModel(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: RNNState | None = None,
         use_cache: bool = True,
     ) -> RNNOutput:
         """``input_ids (B, T)`` continuing the state in ``cache`` (None: zeros) -> logits (B, T, V) and the state
@@ -194,13 +186,12 @@ class RNNLanguageModel(nn.Module):
             raise ValueError(
                 "RNNLanguageModel reads packed streams without padding; attention_mask must be all 1"
             )
-        state = None if cache is None else read_state(cache, self.config.cell)
-        out, state = self.rnn(self.drop(self.embed(input_ids)), state)  # (B, T, H)
+        out, state = self.rnn(self.drop(self.embed(input_ids)), None if cache is None else cache.rnn_state)
         if self.proj is not None:
             out = self.proj(out)
         out = self.drop(out)
         if use_cache:
-            cache = _updated(cache, self.config.n_layer, state)
+            cache = (cache or RNNState(input_ids.new_empty(0))).update(state)
         return RNNOutput(self.head(out), out, cache if use_cache else None)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
@@ -332,7 +323,7 @@ class Seq2SeqRNN(nn.Module):
         final = final.view(L, dirs, *final.shape[1:]).permute(0, 2, 1, 3).flatten(2)  # (L, B, dirs * H)
         return torch.tanh(layer(final))
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> KVCache:
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> RNNState:
         """Source (B, S) -> a cache with the memory, its key projection, the mask and the decoder's first state."""
         if attention_mask is None:
             attention_mask = input_ids != self.config.pad_token_id
@@ -348,13 +339,14 @@ class Seq2SeqRNN(nn.Module):
         memory, _ = pad_packed_sequence(
             memory, batch_first=True, total_length=input_ids.shape[1]
         )  # (B, S, M)
-        h, c = _split_state(final)
-        cache = new_cache(
-            self._bridge(h, self.bridge_h), None if c is None else self._bridge(c, self.bridge_c)
+        h, c = final if isinstance(final, tuple) else (final, None)
+        return RNNState(
+            self._bridge(h, self.bridge_h),
+            None if c is None else self._bridge(c, self.bridge_c),
+            memory,
+            self.score.project_keys(memory),
+            attention_mask.bool(),
         )
-        cache.cross_kv[0] = (memory, self.score.project_keys(memory))
-        cache.encoder_mask = attention_mask.bool()
-        return cache
 
     def forward(
         self,
@@ -363,7 +355,7 @@ class Seq2SeqRNN(nn.Module):
         decoder_input_ids: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: RNNState | None = None,
         use_cache: bool = False,
     ) -> RNNOutput:
         """Source ``input_ids (B, S)`` (or a ``cache`` from an earlier call) and decoder inputs (B, T) -> logits
@@ -375,9 +367,8 @@ class Seq2SeqRNN(nn.Module):
             if input_ids is None:
                 raise ValueError("pass the source input_ids (B, S) or a cache from encode()")
             cache = self.encode(input_ids, attention_mask)
-        memory, keys = cache.cross_kv[0]
-        state = read_state(cache, self.config.cell)
-        out, state = self.decoder(self.drop(self.embed(decoder_input_ids)), state)  # (B, T, H)
+        memory, keys = cache.memory, cache.keys
+        out, state = self.decoder(self.drop(self.embed(decoder_input_ids)), cache.rnn_state)  # (B, T, H)
         scores = self.score(out, keys).masked_fill(
             ~cache.encoder_mask[:, None, :], float("-inf")
         )  # (B, T, S)
@@ -385,7 +376,7 @@ class Seq2SeqRNN(nn.Module):
         context = weights @ memory  # (B, T, M)
         attentional = self.drop(torch.tanh(self.combine(torch.cat([context, out], -1))))  # (B, T, H)
         if use_cache:
-            cache = _updated(cache, self.config.n_layer, state)
+            cache.update(state)
         return RNNOutput(self.head(attentional), attentional, cache if use_cache else None, weights)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:

@@ -6,13 +6,15 @@ h query heads, g key/value heads, d_h head width, V vocabulary. Every block is
     pre-norm:  x = x + drop(f(norm(x)))        (GPT-2, T5, Llama; each stack ends with a final norm)
     post-norm: x = norm(x + drop(f(x)))        (BERT)
 
-with f = self-attention, then cross-attention (encoder-decoder decoder only), then the MLP. Attention runs through
-``F.scaled_dot_product_attention`` on (B, h, T, d_h) tensors; all masking (causal, key padding, packed documents,
-prefix-LM) is one boolean (B|1, 1, T, S) mask, or ``is_causal=True`` when causality is the only constraint.
+with f = self-attention, then cross-attention (encoder-decoder decoder only), then the MLP. Attention runs on
+(B, h, T, d_h) tensors through ``pretrain.models.attention``: each stack builds one :class:`AttentionMask` (causal,
+key padding, packed documents, prefix-LM, sparse window / global / random blocks, T5 bias) shared by its layers,
+computed by SDPA (dense mask) or flex_attention (block mask + score_mod) as ``config.attention`` says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from pretrain.models.attention import AttentionMask, MaskInputs, ScoreMod, SparsePattern, attend
 from pretrain.models.config import ModelConfig
 
 ACT_FNS = {
@@ -37,7 +40,7 @@ ACT_FNS = {
 
 @dataclass
 class ModelOutput:
-    logits: Tensor | None  # (B, T, V); None without an LM head
+    logits: Tensor | None  # (B, T, V), or (N, V) at ``target_positions``; None without an LM head
     hidden_states: Tensor  # (B, T, d) after the final norm; decoder side for encoder-decoder
     encoder_hidden_states: Tensor | None = None  # (B, S, d) encoder-decoder (None when taken from cache)
     pooled_output: Tensor | None = None  # (B, d) with config.pooler
@@ -154,6 +157,16 @@ class RelativePositionBias(nn.Module):
         buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
         return self.embedding(buckets).permute(0, 3, 1, 2)
 
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, batch: int) -> ScoreMod:
+        """The same bias as a flex_attention ``score_mod``: score + b[h, bucket(k_pos - q_pos)]."""
+        q_pos, k_pos, table = q_pos.expand(batch, -1), k_pos.expand(batch, -1), self.embedding.weight
+        args = (self.bidirectional, self.num_buckets, self.max_distance)
+
+        def add_bias(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+            return score + table[relative_position_bucket(k_pos[b, k] - q_pos[b, q], *args), h]
+
+        return add_bias
+
 
 def sinusoid_table(length: int, dim: int) -> Tensor:
     """(length, dim): [p, 2i] = sin(p / 10000^(2i/dim)), [p, 2i+1] = cos(same) (Vaswani et al. 2017)."""
@@ -220,15 +233,14 @@ class Attention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
+        mask: AttentionMask | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
         memory: Tensor | None = None,
         cache: KVCache | None = None,
         layer: int = 0,
     ) -> Tensor:
-        """x (B, T, d) -> (B, T, d). mask: bool (B|1, 1, T, S) True = attend, or additive float (B|1, h, T, S).
-        memory: encoder output (B, S, d) for cross-attention (unused once its k, v sit in ``cache``)."""
+        """x (B, T, d) -> (B, T, d); mask None = every key visible. memory: encoder output (B, S, d) for
+        cross-attention (unused once its k, v sit in ``cache``)."""
         B, T, _ = x.shape
         h, g, dh = self.n_head, self.n_kv_head, self.head_dim
         if self.cross:
@@ -245,18 +257,7 @@ class Attention(nn.Module):
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
             if cache is not None:
                 k, v = cache.extend(layer, k, v)
-        if mask is not None and mask.dtype != torch.bool:
-            mask = mask.to(q.dtype)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            scale=self.scale,
-            enable_gqa=g != h,
-        )  # (B, h, T, d_h)
+        y = attend(q, k, v, mask, self.scale, self.dropout if self.training else 0.0)  # (B, h, T, d_h)
         return self.out(y.transpose(1, 2).reshape(B, T, h * dh))
 
 
@@ -302,16 +303,15 @@ class Block(nn.Module):
     def forward(
         self,
         x: Tensor,
-        mask: Tensor | None,
-        is_causal: bool,
+        mask: AttentionMask | None,
         rope: tuple[Tensor, Tensor] | None,
         memory: Tensor | None,
-        memory_mask: Tensor | None,
+        memory_mask: AttentionMask | None,
         cache: KVCache | None,
         layer: int,
     ) -> Tensor:
         """x (B, T, d) -> (B, T, d)."""
-        y = self.attn(self._branch_in(x, self.norm1), mask, is_causal, rope, cache=cache, layer=layer)
+        y = self.attn(self._branch_in(x, self.norm1), mask, rope, cache=cache, layer=layer)
         x = self._branch_out(x, y, self.norm1)
         if self.cross_attn is not None:
             y = self.cross_attn(
@@ -321,50 +321,14 @@ class Block(nn.Module):
         return self._branch_out(x, self.mlp(self._branch_in(x, self.norm2)), self.norm2)
 
 
-def self_attention_mask(
-    causal: bool,
-    query_len: int,
-    past_len: int,
-    key_mask: Tensor | None,
-    document_ids: Tensor | None,
-    prefix_lengths: Tensor | None,
-    explicit: bool,
-    device: torch.device,
-) -> tuple[Tensor | None, bool]:
-    """Self-attention mask -> (bool mask (B|1, 1, T, S) with True = may attend, or None; is_causal flag).
-
-    Query t (absolute position past_len + t) may see key s iff s <= past_len + t (when causal) or s < prefix
-    length (prefix-LM), and key s is real (key_mask), and both lie in the same document. A token always sees
-    itself, so no row is fully masked (padded rows give finite garbage instead of NaN). Without padding,
-    documents or prefixes the mask is None and causality goes to SDPA's ``is_causal`` (unless ``explicit``).
-    """
-    if key_mask is None and document_ids is None and prefix_lengths is None and not explicit:
-        if not causal or query_len == 1:  # a single new query sees the whole past
-            return None, False
-        if past_len == 0:
-            return None, True
-    q_pos = torch.arange(query_len, device=device)[:, None] + past_len  # (T, 1)
-    k_pos = torch.arange(past_len + query_len, device=device)[None, :]  # (1, S)
-    if causal:
-        allowed = k_pos <= q_pos
-    else:
-        allowed = torch.ones(query_len, past_len + query_len, dtype=torch.bool, device=device)
-    allowed = allowed[None, None]  # (1, 1, T, S)
-    if prefix_lengths is not None:
-        allowed = allowed | (k_pos < prefix_lengths[:, None, None, None])
-    if document_ids is not None:
-        allowed = allowed & (document_ids[:, None, :, None] == document_ids[:, None, None, :])
-    if key_mask is not None:
-        allowed = allowed & key_mask[:, None, None, :].bool()
-    return allowed | (k_pos == q_pos), False
-
-
 class Stack(nn.Module):
     """Embedded tokens (B, T, d) -> n blocks -> final norm (pre-norm) -> (B, T, d)."""
 
     def __init__(self, config: ModelConfig, n_layer: int, causal: bool, cross_attention: bool) -> None:
         super().__init__()
-        self.causal = causal
+        self.config, self.causal = config, causal
+        self.pattern = SparsePattern.from_config(config, causal) if config.sparse else None
+        self.block_masks: dict = {}  # flex BlockMasks that depend on shapes only, reused across steps
         self.blocks = nn.ModuleList(Block(config, cross_attention) for _ in range(n_layer))
         self.norm = make_norm(config) if config.norm_position == "pre" else None
         self.rope = Rotary(config) if config.position == "rope" else None
@@ -383,26 +347,43 @@ class Stack(nn.Module):
         memory_mask: Tensor | None = None,
         cache: KVCache | None = None,
         checkpointing: bool = False,
+        global_ids: Tensor | None = None,
     ) -> Tensor:
-        """x (B, T, d); positions (B|1, T); key_mask (B, T) 1 = real; memory (B, S_enc, d), memory_mask (B, S_enc)."""
+        """x (B, T, d); positions (B|1, T); key_mask (B, T) 1 = real; memory (B, S_enc, d), memory_mask (B, S_enc);
+        global_ids (B, T) True = global token (encoders)."""
         B, T, _ = x.shape
         past = 0
         if cache is not None:
             past = cache.seq_len
             key_mask = cache.extend_mask(key_mask, B, T)
-        explicit = self.relative_bias is not None and self.causal  # causality must be folded into the bias
-        mask, is_causal = self_attention_mask(
-            self.causal, T, past, key_mask, document_ids, prefix_lengths, explicit=explicit, device=x.device
+        inputs = MaskInputs(
+            T,
+            past + T,
+            past,
+            self.causal,
+            False,
+            key_mask,
+            document_ids,
+            prefix_lengths,
+            global_ids,
+            self.pattern,
         )
-        if self.relative_bias is not None:  # T5: bias (B|1, h, T, S) with the mask folded in
+        bias = None
+        if self.relative_bias is not None:  # T5: bias b[h, bucket(k - q)] on the logits
             k_pos = positions if past == 0 else torch.arange(past + T, device=x.device)[None]
-            bias = self.relative_bias(positions, k_pos)
-            mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
+            bias = (
+                partial(self.relative_bias, positions, k_pos),
+                self.relative_bias.score_mod(positions, k_pos, B),
+            )
+        backend, dropout = self.config.attention, self.training and self.config.attn_dropout > 0
+        mask = AttentionMask(inputs, backend, x, bias, self.block_masks, dropout)
         rope = self.rope(positions) if self.rope is not None else None
-        # cross-attention: (B, 1, 1, S_enc), padded encoder positions are never attended
-        cross_mask = memory_mask[:, None, None, :].bool() if memory_mask is not None else None
+        cross_mask = None  # padded encoder positions are never attended
+        if memory_mask is not None:
+            cross = MaskInputs(T, memory_mask.shape[1], cross=True, key_mask=memory_mask)
+            cross_mask = AttentionMask(cross, backend, x, dropout=dropout)
         for i, block in enumerate(self.blocks):
-            args = (x, mask, is_causal, rope, memory, cross_mask, cache, i)
+            args = (x, mask, rope, memory, cross_mask, cache, i)
             x = checkpoint(block, *args, use_reentrant=False) if checkpointing else block(*args)
         return self.norm(x) if self.norm is not None else x
 
@@ -497,11 +478,17 @@ class Transformer(nn.Module):
         decoder_attention_mask: Tensor | None = None,
         cache: KVCache | None = None,
         use_cache: bool = False,
+        target_positions: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) 1 = real, 0 = padding; token_type_ids, position_ids,
         document_ids (B, T) (block-diagonal attention within equal ids); prefix_lengths (B,) (decoder: the first
         prefix_lengths[b] tokens attend bidirectionally). Encoder-decoder: input_ids feed the encoder,
-        decoder_input_ids (B, T_dec) the decoder. With ``cache`` only the new tokens are passed."""
+        decoder_input_ids (B, T_dec) the decoder. With ``cache`` only the new tokens are passed.
+
+        target_positions (N,): indices into the flattened (B * T) output positions (decoder side for
+        encoder-decoder); the LM head (and BERT's transform) then runs on those N positions only and ``logits``
+        is (N, V) -- the rows of the all-positions logits ``logits.flatten(0, 1)[target_positions]``, at
+        N / (B T) of the head's cost (MLM predicts ~15 % of positions)."""
         cfg = self.config
         if cfg.arch != "decoder" and prefix_lengths is not None:
             raise ValueError("prefix_lengths is only supported for arch='decoder' (prefix-LM)")
@@ -550,8 +537,9 @@ class Transformer(nn.Module):
                 memory_mask=memory_mask,
                 cache=cache,
             )
+        head_input = hidden if target_positions is None else hidden.flatten(0, 1)[target_positions]
         return ModelOutput(
-            logits=self.logits(hidden) if self.lm_head is not None else None,
+            logits=self.logits(head_input) if self.lm_head is not None else None,
             hidden_states=hidden,
             encoder_hidden_states=encoder_hidden,
             pooled_output=self.pooler(hidden) if self.pooler is not None else None,
@@ -574,7 +562,7 @@ class Transformer(nn.Module):
         )
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Final hidden states (B, T, d) -> logits (B, T, V)."""
+        """Final hidden states (..., d) -> logits (..., V)."""
         if self.config.logit_scale != 1.0:
             hidden = hidden * self.config.logit_scale
         if self.mlm_transform is not None:
@@ -604,6 +592,9 @@ class Transformer(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
         x = self.embed(input_ids, position_ids, token_type_ids)
+        global_ids = None
+        if self.config.attention_global_token_ids and not stack.causal:  # e.g. [CLS] / [SEP] (Longformer)
+            global_ids = torch.isin(input_ids, input_ids.new_tensor(self.config.attention_global_token_ids))
         return stack(
             x,
             position_ids,
@@ -614,6 +605,7 @@ class Transformer(nn.Module):
             memory_mask,
             cache,
             checkpointing=self.gradient_checkpointing and self.training,
+            global_ids=global_ids,
         )
 
     def _check_inputs(self, input_ids: Tensor, past: int, position_ids: Tensor | None) -> None:
@@ -635,6 +627,12 @@ class Transformer(nn.Module):
         if absolute and position_ids is not None and int(position_ids.max()) >= cfg.max_seq_len:
             raise ValueError(f"position_ids reach {int(position_ids.max())} >= max_seq_len={cfg.max_seq_len}")
 
+    def set_attention(self, backend: str) -> Transformer:
+        """Compute attention with ``backend`` ('sdpa' | 'flex') from now on; same weights, same function."""
+        dataclasses.replace(self.config, attention=backend)  # validates: ValueError naming the field
+        self.config.attention = backend  # shared by the stacks, read at every forward
+        return self
+
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Number of (unique) parameters; ``exclude_embeddings`` drops the token, position and segment tables
         (a tied LM head shares the token table and is dropped with it)."""
@@ -644,7 +642,9 @@ class Transformer(nn.Module):
             n -= sum(t.weight.numel() for t in tables if t is not None)
         return n
 
-    def flops_per_token(self, seq_len: int, decoder_seq_len: int | None = None) -> float:
+    def flops_per_token(
+        self, seq_len: int, decoder_seq_len: int | None = None, head_positions: float | None = None
+    ) -> float:
         """Training (forward + backward) matmul FLOPs per input token, i.e. the 6N + 12 L h d_h T rule
         (Kaplan et al. 2020) made exact for this model:
 
@@ -654,8 +654,9 @@ class Transformer(nn.Module):
         where W runs over every linear weight (attention, MLP, MLM transform, LM head, tied or not, pooler) and
         tokens(W) is how many positions it is applied to: seq_len (= S) for the encoder / decoder-only stack,
         decoder_seq_len (= T, default S) for the encoder-decoder decoder and its LM head, S for cross-attention
-        k, v projections, 1 for the pooler. Attention terms: S*S per encoder layer, T*T (self) + T*S (cross) per
-        decoder layer (decoder-only: S*S). Causal masking is not discounted (SDPA computes full tiles), and
+        k, v projections, 1 for the pooler, head_positions (default T; fewer with ``target_positions``) for the
+        MLM transform and LM head. Attention terms: S*S per encoder layer, T*T (self) + T*S (cross) per decoder
+        layer (decoder-only: S*S). Causal masking is not discounted (SDPA computes full tiles), and
         embeddings, norms, biases and softmax are not counted. Forward = 1/3 of it.
         """
         cfg = self.config
@@ -676,5 +677,9 @@ class Transformer(nn.Module):
             cross = T * S if cfg.arch == "encoder-decoder" else 0
             flops += 6 * (linear(self.decoder) - cross_kv) * T + 6 * cross_kv * S
             flops += per_attention * len(self.decoder.blocks) * (T * T + cross)
-        flops += 6 * (linear(self.mlm_transform) + linear(self.lm_head)) * T
+        flops += (
+            6
+            * (linear(self.mlm_transform) + linear(self.lm_head))
+            * (T if head_positions is None else head_positions)
+        )
         return flops / seq_len

@@ -9,6 +9,7 @@ the tokens seen. Dropout randomness is a function of (seed, optimizer step, micr
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import tempfile
@@ -30,9 +31,23 @@ FSDP_METADATA = (
 )
 
 
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, no permission); earlier checkpoints are untouched."""
+
+    def __init__(self, message: str, errno_: int | None = None):
+        super().__init__(message)
+        self.errno = errno_
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes to a temporary file in the same directory, fsyncs, then ``os.replace``: a reader sees the old file or
-    the complete new one, never a partial write (a crash mid-save leaves only a stray ``.tmp``)."""
+    the complete new one, never a partial write (a crash mid-save leaves only a stray ``.tmp``).
+
+    A write that fails for lack of space deletes stale temporary files of killed writes and retries once; if it
+    still fails (or for permissions) it raises ``CheckpointWriteError`` naming the checkpoints still intact."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
@@ -40,6 +55,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = Path(path)
+        try:
+            self._write(checkpoint, path)
+        except OSError as err:
+            if err.errno not in STORAGE_ERRNOS:
+                raise
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) and _remove_stale_temporaries(path.parent):
+                try:
+                    self._write(checkpoint, path)
+                    return
+                except OSError as again:
+                    err = again
+            intact = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+            raise CheckpointWriteError(
+                f"could not write checkpoint {path}: {os.strerror(err.errno or 0)}; nothing was overwritten "
+                f"(checkpoints intact in {path.parent}: {', '.join(intact) or 'none'}). Free space or fix the "
+                f"permissions, lower checkpoint.save_top_k, then rerun the same command (resume=auto continues)",
+                err.errno,
+            ) from err
+
+    @staticmethod
+    def _write(checkpoint: dict[str, Any], path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
@@ -61,6 +97,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
     ) -> dict:
         return read(path, map_location=map_location)
+
+
+def _remove_stale_temporaries(directory: Path) -> bool:
+    """Delete the ``.NAME.*.tmp`` files that killed writes left in ``directory``; whether any was deleted. Only
+    one process (rank 0) writes checkpoint files, and not while this runs, so none of them is in use."""
+    stale = [p for p in directory.glob(".*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return bool(stale)
 
 
 def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:

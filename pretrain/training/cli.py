@@ -185,6 +185,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             run.tokenizer.path,
             source.prepared,
             val_fraction=run.data.val_fraction,
+            document=source.document,
+            text_field=source.text_field,
             eos_token=run.tokenizer.special_tokens.get("eos"),
             force=args.force,
         )

@@ -38,6 +38,9 @@ from pretrain.training.optim import build_optimizer, build_scheduler
 STEP_TARGETS = (
     "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
 )
+TARGET_POSITIONS = (
+    "target_positions"  # (N,) flat indices of the labelled positions (sparse-target objectives)
+)
 
 
 class StepGroups:
@@ -77,10 +80,14 @@ class PretrainData(PretrainDataModule):
 
     def on_before_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
         """Drop attention masks that mask nothing (packed samples have no padding), still on the CPU: the
-        backbone then calls SDPA without an explicit mask (``is_causal`` for decoders), allowing FlashAttention."""
+        backbone then calls SDPA without an explicit mask (``is_causal`` for decoders), allowing FlashAttention.
+        For an objective with ``sparse_targets`` add ``target_positions`` (N,), the flat indices of the labelled
+        positions, so the LM head runs on those only; found here on the CPU, the device never waits for it."""
         for key in ("attention_mask", "decoder_attention_mask"):
             if key in batch and bool(batch[key].all()):
                 del batch[key]
+        if self.objective.sparse_targets and "labels" in batch:
+            batch[TARGET_POSITIONS] = (batch["labels"].flatten() != IGNORE_INDEX).nonzero().squeeze(1)
         return batch
 
 
@@ -113,7 +120,7 @@ class PretrainModule(L.LightningModule):
             self.model.compile()  # compiles __call__ in place: parameter names and state_dict unchanged
         self.tokens_seen = 0
         self.flops_per_batch = 0.0  # read by the ThroughputMonitor after every batch
-        self._flops_per_sample: dict[tuple[int, int | None], float] = {}
+        self._flops_per_sample: dict[tuple[int, int | None], tuple[float, float]] = {}
         self._step_targets: Tensor | None = None
         self._train_sums: dict[str, Tensor] = {}
         self._val_sums: dict[str, Tensor] = {}
@@ -121,16 +128,27 @@ class PretrainModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ helpers
     @staticmethod
     def _split(batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor]:
+        """Model inputs, and the labels the logits predict: (B, T), or (N,) with ``target_positions``."""
         inputs = {k: v for k, v in batch.items() if k not in ("labels", STEP_TARGETS)}
-        return inputs, batch["labels"]
+        labels = batch["labels"]
+        if TARGET_POSITIONS in batch:
+            labels = labels.flatten()[batch[TARGET_POSITIONS]]
+        return inputs, labels
 
     def _batch_flops(self, inputs: dict[str, Tensor], backward: bool) -> float:
-        """Model FLOPs of one micro-batch (forward + backward, or forward only); cached per shape."""
+        """Model FLOPs of one micro-batch (forward + backward, or forward only), the LM head counted at its
+        ``target_positions`` only; cached per shape."""
         batch, seq = inputs["input_ids"].shape
         dec = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else None
-        if (seq, dec) not in self._flops_per_sample:
-            self._flops_per_sample[seq, dec] = self.model.flops_per_token(seq, dec) * seq
-        flops = self._flops_per_sample[seq, dec] * batch
+        if (seq, dec) not in self._flops_per_sample:  # (all positions, without the head)
+            self._flops_per_sample[seq, dec] = tuple(
+                self.model.flops_per_token(seq, dec, head_positions=h) * seq for h in (None, 0)
+            )
+        full, headless = self._flops_per_sample[seq, dec]
+        flops = full * batch
+        if TARGET_POSITIONS in inputs:
+            head_per_position = (full - headless) / (dec or seq)
+            flops = headless * batch + head_per_position * len(inputs[TARGET_POSITIONS])
         return flops if backward else flops / 3
 
     def _reduce(self, t: Tensor) -> Tensor:

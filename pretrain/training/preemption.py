@@ -35,7 +35,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Checkpoint
 
 from pretrain.training.checkpoint import remove_partial_saves
 
@@ -55,10 +55,11 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
-class LastCheckpoint(Callback):
+class LastCheckpoint(Checkpoint):
     """Saves ``path`` after every ``every_n_steps``-th optimizer step, after the last one, and after the step
     during which a stop signal arrived (then raises ``Interrupted`` before the next batch); removes stale
-    partial saves at start."""
+    partial saves at start. A ``Checkpoint``, so Lightning runs its hooks after the other callbacks' (whose
+    state of the step is then in the save) and adds no default ``ModelCheckpoint``."""
 
     def __init__(self, path: str | Path, every_n_steps: int, signals: tuple[int, ...] = STOP_SIGNALS):
         if every_n_steps < 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from torch import nn
 
 from pretrain.config import RunConfig
 from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.guards import build_guards
 from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.throughput import PeakThroughputMonitor
 
@@ -48,6 +50,7 @@ def deepspeed_config(run: RunConfig) -> dict[str, Any]:
 def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
     """``auto`` | DDP | FSDP (one unit per transformer block) | DeepSpeed, from ``run.strategy``."""
     s, blocks = run.strategy, set(block_classes)
+    timeout = timedelta(seconds=run.guards.hang.collective_timeout_seconds)  # after the hang guard's dump
     if s.name == "auto":
         return "auto"
     if s.name == "ddp":
@@ -55,6 +58,7 @@ def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()
             find_unused_parameters=s.ddp.find_unused_parameters,
             static_graph=s.ddp.static_graph,
             process_group_backend=s.ddp.process_group_backend,
+            timeout=timeout,
             checkpoint_io=AtomicCheckpointIO(),
         )
     if s.name == "fsdp":
@@ -68,6 +72,7 @@ def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()
             cpu_offload=CPUOffload(offload_params=True) if s.fsdp.cpu_offload else None,
             limit_all_gathers=s.fsdp.limit_all_gathers,
             use_orig_params=True,  # parameter groups by name, torch.compile
+            timeout=timeout,
             checkpoint_io=AtomicCheckpointIO(),
         )
     try:
@@ -120,7 +125,7 @@ def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None
 
 def build_callbacks(run: RunConfig) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
-    validation loss; throughput/MFU."""
+    validation loss; throughput/MFU; the guards of ``run.guards``."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -131,6 +136,7 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
             window_size=max(2, run.trainer.throughput_window * k),
             peak=run.trainer.peak_flops,
         ),
+        *build_guards(run),
     ]
     if run.checkpoint.save_top_k > 0:
         callbacks.append(

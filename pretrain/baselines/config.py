@@ -1,0 +1,131 @@
+"""The ``baselines`` section of a baseline recipe: one dataclass per kind, and ``load_config`` composing and
+validating a recipe (shared run sections through ``pretrain.config``, the section through ``structured``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from objectives.sgns import check_counts
+from pretrain import config
+from pretrain.config import RunConfig, SourceConfig
+from pretrain.models.rnn import RNNConfig, Seq2SeqConfig
+
+
+@dataclass
+class WordEvalConfig:
+    """Evaluation of word vectors after training (files are optional)."""
+
+    queries: list[str] = field(default_factory=list)  # words whose nearest neighbours are reported
+    neighbours: int = 10
+    analogies: str | None = None  # "a b c d" per line (Google questions-words.txt format)
+    similarity: str | None = None  # "word1 word2 score" per line (WordSim-353, SimLex-999)
+    export: bool = True  # <run_dir>/vectors.txt in word2vec text format
+
+
+@dataclass
+class SGNSBaseline:
+    kind: Literal["sgns"] = "sgns"
+    dim: int = 100
+    window: int = 5
+    negatives: int = 5
+    subsample: float = 1e-3
+    min_count: int = 5
+    cbow: bool = False
+    full_softmax: bool = False
+    noise_power: float = 0.75
+    eval: WordEvalConfig = field(default_factory=WordEvalConfig)
+
+    def __post_init__(self) -> None:
+        check_counts(dim=self.dim, window=self.window, negatives=self.negatives, min_count=self.min_count)
+
+
+@dataclass
+class GloVeBaseline:
+    kind: Literal["glove"] = "glove"
+    dim: int = 100
+    window: int = 10
+    min_count: int = 5
+    x_max: float = 100.0
+    alpha: float = 0.75
+    symmetric: bool = True
+    batch_size: int = 4096  # co-occurrence entries per step
+    eval: WordEvalConfig = field(default_factory=WordEvalConfig)
+
+    def __post_init__(self) -> None:
+        check_counts(dim=self.dim, window=self.window, min_count=self.min_count, batch_size=self.batch_size)
+
+
+@dataclass
+class RNNLMBaseline:
+    kind: Literal["rnn_lm"] = "rnn_lm"
+    model: RNNConfig = field(default_factory=RNNConfig)
+    # held-out text read whole as the validation stream (its prepared *train* split); default: the val splits
+    # of data.sources
+    validation: SourceConfig | None = None
+
+
+@dataclass
+class Seq2SeqBaseline:
+    kind: Literal["seq2seq"] = "seq2seq"
+    model: Seq2SeqConfig = field(default_factory=Seq2SeqConfig)
+    task: Literal["parallel", "reverse", "copy"] = "parallel"
+    # parallel: [source file, target file] per split, line-aligned (.gz ok)
+    train: list[str] = field(default_factory=list)
+    val: list[str] = field(default_factory=list)
+    test: list[str] = field(default_factory=list)
+    max_length: int = 64  # tokens per side: longer training pairs are dropped; also the decoding limit
+    # toy tasks: strings of symbols "0".."toy_symbols-1", lengths uniform in [toy_min_length, toy_max_length]
+    toy_symbols: int = 10
+    toy_min_length: int = 2
+    toy_max_length: int = 8
+    toy_train: int = 20000
+    toy_val: int = 500
+    beam_size: int = 1  # 1: greedy
+    length_penalty: float = 1.0
+    eval_examples: int | None = 1000  # decoded per split for BLEU / exact match (None: all)
+    heatmaps: int = 3  # attention heatmaps saved (first validation examples)
+
+    def __post_init__(self) -> None:
+        check_counts(
+            max_length=self.max_length,
+            toy_symbols=self.toy_symbols,
+            toy_min_length=self.toy_min_length,
+            toy_train=self.toy_train,
+            beam_size=self.beam_size,
+        )
+        if self.toy_max_length < self.toy_min_length:
+            raise ValueError(
+                f"toy_max_length ({self.toy_max_length}) must be >= toy_min_length ({self.toy_min_length})"
+            )
+        if self.task == "parallel" and len(self.train) != 2:
+            raise ValueError(f"task=parallel needs train=[source file, target file], got {self.train}")
+
+
+BASELINES = {
+    "sgns": SGNSBaseline,
+    "glove": GloVeBaseline,
+    "rnn_lm": RNNLMBaseline,
+    "seq2seq": Seq2SeqBaseline,
+}
+
+
+def load_config(
+    recipe: str | Path, overrides: list[str] | None = None
+) -> tuple[RunConfig, Any, dict[str, Any]]:
+    """Compose and validate a baseline recipe: ``(shared run config, baseline section, resolved dict)``."""
+    raw = config.compose(recipe, overrides)
+    section = raw.pop("baselines", None)
+    if not isinstance(section, dict) or section.get("kind") not in BASELINES:
+        raise ValueError(
+            f"{recipe}: a baseline recipe needs a section `baselines` with kind in {list(BASELINES)} "
+            f"(pieces in configs/baselines/), got {section!r:.80}"
+        )
+    run = config.validate(raw)
+    baseline = config.structured(BASELINES[section["kind"]], section, "baselines")
+    if run.trainer.devices != 1 or run.trainer.num_nodes != 1:
+        raise ValueError("baselines train on one device; set trainer.devices=1 trainer.num_nodes=1")
+    resolved = {k: v for k, v in config.to_dict(run).items() if k not in ("model", "resume")}  # unused here
+    return run, baseline, {**resolved, "baselines": dataclasses.asdict(baseline)}

@@ -1,0 +1,84 @@
+"""The LightningModule every baseline shares (summable loss / targets / correct counts per batch, the run's
+AdamW + schedule) and the Trainer fit through ``pretrain.training.trainer.build_trainer``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from torch import Tensor, nn
+
+from objectives.base import Objective
+from objectives.loss import IGNORE_INDEX, token_cross_entropy
+from pretrain.config import OptimConfig, RunConfig
+from pretrain.training.optim import build_optimizer, build_scheduler
+
+
+class BaselineModule(L.LightningModule):
+    """A model and a loss giving summable ``loss_sum``, ``num_targets`` (and ``num_correct``) per batch; the mean
+    loss of each batch is minimised with the run's AdamW + schedule (``pretrain.training.optim``). Logs ``train/*`` and
+    ``val/*`` (loss, accuracy, perplexity for token-prediction models)."""
+
+    reports_perplexity = False
+    summarize = Objective.summarize  # loss / accuracy / perplexity from the summed counts
+
+    def __init__(self, model: nn.Module, optim: OptimConfig, max_steps: int, objective: Any = None):
+        super().__init__()
+        self.model, self.optim, self.max_steps, self.objective = model, optim, max_steps, objective
+        self.flops_per_batch: float | None = None  # read by the ThroughputMonitor
+        self._val_sums: dict[str, Tensor] = {}
+
+    def sums(self, batch: dict[str, Tensor], training: bool) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def _metrics(self, sums: dict[str, Tensor]) -> dict[str, float]:
+        metrics = self.summarize({"num_correct": 0, **sums})
+        return metrics if "num_correct" in sums else {k: v for k, v in metrics.items() if k != "accuracy"}
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        sums = self.sums(batch, training=True)
+        metrics = self._metrics({k: v.detach().float() for k, v in sums.items()})
+        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False)
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
+        return sums["loss_sum"] / sums["num_targets"].clamp_min(1)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {}
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        for key, value in self.sums(batch, training=False).items():
+            self._val_sums[key] = self._val_sums.get(key, 0) + value.detach().float()
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_sums:
+            metrics = self._metrics(self._val_sums)
+            self.log_dict({f"val/{k}": v for k, v in metrics.items()}, on_epoch=True, prog_bar=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.model, self.optim)
+        scheduler = build_scheduler(optimizer, self.optim, self.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def token_sums(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
+    """Summed token cross-entropy, number of targets and of correct argmax predictions (labels -100 ignored)."""
+    loss_sum, num_targets = token_cross_entropy(logits, labels)
+    correct = ((logits.detach().argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
+    return {"loss_sum": loss_sum, "num_targets": num_targets, "num_correct": correct}
+
+
+def fit(
+    run: RunConfig, resolved: dict[str, Any], module: BaselineModule, datamodule: L.LightningDataModule
+) -> L.Trainer:
+    """Seed, build the run's Trainer (``pretrain.training.trainer.build_trainer``) and fit ``module``."""
+    from pretrain.training.trainer import build_trainer
+
+    L.seed_everything(run.seed, verbose=False)
+    trainer = build_trainer(run, resolved)
+    trainer.fit(module, datamodule=datamodule)
+    return trainer
+
+
+def val_metrics(trainer: L.Trainer) -> dict[str, float]:
+    """The last logged ``val/*`` metrics of a fit, as floats."""
+    return {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}

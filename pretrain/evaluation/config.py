@@ -1,0 +1,86 @@
+"""The ``pretrain evaluate`` schema (``EvalConfig``) and how a target, a recipe, overrides and flags become one.
+
+The target is a checkpoint (``.ckpt``, run directory, or transformers directory) or an evaluation recipe (YAML
+with the keys of ``EvalConfig``, composed by ``pretrain.config.compose``; ``key=value`` overrides follow it).
+Flags override both; the result is validated by ``pretrain.config.structured`` like every other verb's config.
+Tasks are names of ``configs/eval/<name>.yaml`` or paths to task files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pretrain.config import CONFIG_DIR, apply_overrides, compose, structured
+
+from .prompts import DEFAULT_FEWSHOT_SEED
+from .tasks import TaskConfig, load_documents, load_examples, load_task
+
+TASK_DIR = CONFIG_DIR / "eval"
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str | None = None
+    tokenizer: str | None = None  # default: the checkpoint's own
+    tasks: list[str] = field(default_factory=list)  # names in configs/eval/ or task YAML paths
+    data_root: str | None = None  # fills ${data_root} in task files
+    num_fewshot: int | None = None  # overrides every task's num_fewshot
+    seed: int = DEFAULT_FEWSHOT_SEED  # few-shot sampler seed
+    limit: int | None = None  # first N examples (documents) per task
+    batch_size: int = 16
+    padding_side: Literal["left", "right"] = "right"
+    device: str = "auto"  # auto: cuda if available, else cpu
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_length: int | None = None  # default: the model's max_seq_len
+    prefix_token: str | None = (
+        None  # token conditioning an empty context (default: BOS if declared, else EOS)
+    )
+    output: str | None = None  # results JSON path
+    log_samples: bool = False  # keep per-example records in the JSON
+    wandb_project: str | None = None
+    wandb_run_id: str | None = None  # log into this run (e.g. the training run; project default "pretrain")
+
+
+def resolve_task_file(name: str) -> Path:
+    """A task file path, or ``configs/eval/<name>.yaml``; the error lists the known names."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = TASK_DIR / f"{name}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"unknown task {name!r}: not a task file, and not one of {known} (configs/eval/)")
+
+
+def load_config(target: str, overrides: list[str], flags: dict[str, Any]) -> EvalConfig:
+    """Recipe (if ``target`` is a YAML file, else ``checkpoint=target``) < ``key=value`` overrides < flags,
+    validated against ``EvalConfig`` (unknown keys get a did-you-mean)."""
+    if target.endswith((".yaml", ".yml")):
+        raw = compose(target, overrides)  # a path or a shipped recipe (recipes/eval-core.yaml)
+    else:
+        raw = apply_overrides({"checkpoint": target}, overrides)
+    raw |= {k: v for k, v in flags.items() if v is not None}
+    config = structured(EvalConfig, raw)
+    if not config.checkpoint:
+        raise ValueError("no checkpoint: give one (pretrain evaluate CHECKPOINT) or set checkpoint=PATH")
+    if not config.tasks:
+        known = sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
+        raise ValueError(f"no tasks: pass --tasks NAME[,NAME] (known: {known}) or list tasks in the recipe")
+    return config
+
+
+def load_tasks(config: EvalConfig) -> list[TaskConfig]:
+    """Task configs with their data validated (file:line errors) before any model is loaded."""
+    overrides = {} if config.num_fewshot is None else {"num_fewshot": config.num_fewshot}
+    tasks = [load_task(resolve_task_file(name), config.data_root, overrides) for name in config.tasks]
+    for task in tasks:
+        if task.type == "perplexity":
+            load_documents(task.path, task.document, 1)
+        else:
+            load_examples(task.path, task.type)
+            if task.fewshot_path:
+                load_examples(task.fewshot_path, task.type)
+    return tasks

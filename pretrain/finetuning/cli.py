@@ -1,0 +1,33 @@
+"""``pretrain finetune <recipe> [key=value ...] [--print-config]``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from pretrain.finetuning.config import load_config
+from pretrain.finetuning.run import run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("recipe", help="finetuning recipe YAML, e.g. recipes/finetune-sst2-minilm.yaml")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    return parser
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    cfg = load_config(args.recipe, args.overrides)
+    if args.print_config:
+        print(OmegaConf.to_yaml(dataclasses.asdict(cfg)), end="")
+        return 0
+    results = run(cfg)
+    print("\n== pretrain finetune: done ==")
+    print(f"  steps: {results['steps']} in {results['train_seconds']} s")
+    for name, value in sorted(results.get("val", {}).items()):
+        print(f"  val/{name}: {value:.4f}")
+    print(f"  results: {Path(cfg.run_dir) / 'results.json'}")
+    return 0

@@ -1,0 +1,141 @@
+"""The finetuning LightningModules: ``FinetuneModule`` (a task head on a backbone: classes or regression)
+and ``Text2TextModule`` (an encoder-decoder's own LM head on source -> target text, scored on decoded outputs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from tokenizers import Tokenizer
+from torch import Tensor, nn
+
+from objectives.loss import IGNORE_INDEX
+from pretrain.finetuning.config import FinetuneConfig
+from pretrain.finetuning.decoding import decode_targets
+from pretrain.finetuning.metrics import TEXT_METRICS, build_metrics, default_metrics
+from pretrain.models.heads import TaskModel
+from pretrain.models.transformer import Transformer
+from pretrain.training.optim import lr_lambda, param_groups
+
+
+def finetune_optimizer(
+    cfg: FinetuneConfig, backbone: nn.Module, head: nn.Module | None, max_steps: int
+) -> dict[str, Any]:
+    """AdamW (``pretrain.training.optim.param_groups``: no decay on norms, biases, embeddings) with the head at ``head.lr``,
+    and the configured warmup + decay schedule applied to every group."""
+    o = cfg.optim
+    groups = [g | {"lr": o.lr} for g in param_groups(backbone, o.weight_decay)]
+    if head is not None:
+        groups += [g | {"lr": cfg.head.lr or o.lr} for g in param_groups(head, o.weight_decay)]
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], betas=tuple(o.betas), eps=o.eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, max_steps))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class FinetuneModule(L.LightningModule):
+    """A ``TaskModel`` trained with cross-entropy (classes; -100 labels ignored, e.g. sub-word tokens) or MSE
+    (``regression``: one output); validation logs ``val/loss`` and the configured metrics."""
+
+    def __init__(self, model: TaskModel, cfg: FinetuneConfig, *, num_labels: int, regression: bool):
+        super().__init__()
+        self.model, self.cfg, self.regression = model, cfg, regression
+        self.metrics = build_metrics(default_metrics(cfg, regression), max(num_labels, 2), regression)
+        self.val_loss = torchmetrics.MeanMetric()
+
+    def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, predictions, labels) with ignored positions removed."""
+        logits = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+        labels = batch["labels"]
+        if self.regression:
+            scores = logits.squeeze(-1).float()
+            return F.mse_loss(scores, labels.float()), scores.detach(), labels
+        logits, labels = logits.flatten(0, -2), labels.flatten()
+        keep = labels != IGNORE_INDEX
+        loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+        return loss, logits.detach().argmax(-1)[keep], labels[keep]
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss, _, _ = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        loss, preds, labels = self._loss(batch)
+        self.val_loss.update(loss, weight=labels.numel())
+        self.metrics.update(preds, labels)
+
+    def on_validation_epoch_end(self) -> None:
+        values = {f"val/{k}": v for k, v in self.metrics.compute().items()} | {
+            "val/loss": self.val_loss.compute()
+        }
+        self.log_dict(values, prog_bar=True)
+        self.metrics.reset()
+        self.val_loss.reset()
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        return finetune_optimizer(self.cfg, self.model.backbone, self.model.head, self.cfg.trainer.max_steps)
+
+
+class Text2TextModule(L.LightningModule):
+    """Encoder-decoder trained on target tokens (mean cross-entropy); validation decodes every source and scores
+    the texts against the references: ``val/accuracy`` (exact match) and/or ``val/bleu`` (sacrebleu corpus BLEU)."""
+
+    def __init__(
+        self, model: Transformer, cfg: FinetuneConfig, tokenizer: Tokenizer, *, eos_id: int, pad_id: int
+    ):
+        super().__init__()
+        if model.config.arch != "encoder-decoder" or not model.config.lm_head:
+            raise ValueError(
+                f"head.kind=text2text needs an encoder-decoder backbone with an LM head (T5), got arch "
+                f"{model.config.arch!r}; use head.kind=sequence for encoders and decoders"
+            )
+        self.metric_names = default_metrics(cfg, regression=False)
+        if not self.metric_names or any(m not in TEXT_METRICS for m in self.metric_names):
+            raise ValueError(f"text2text metrics must be among {list(TEXT_METRICS)}, got {self.metric_names}")
+        self.model, self.cfg, self.tokenizer = model, cfg, tokenizer
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.val_loss = torchmetrics.MeanMetric()
+        self.hypotheses: list[str] = []
+        self.references: list[str] = []
+
+    def _loss(self, batch: dict[str, Any]) -> Tensor:
+        logits = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=batch["decoder_input_ids"],
+        ).logits
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
+        )
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.val_loss.update(self._loss(batch), weight=int((batch["labels"] != IGNORE_INDEX).sum()))
+        tokens = decode_targets(self.model, batch, self.cfg.decoding, self.eos_id, self.pad_id)
+        self.hypotheses += [
+            t.strip() for t in self.tokenizer.decode_batch(tokens.tolist(), skip_special_tokens=True)
+        ]
+        self.references += list(batch["targets"])
+
+    def on_validation_epoch_end(self) -> None:
+        values = {"val/loss": self.val_loss.compute()}
+        pairs = list(zip(self.hypotheses, self.references, strict=True))
+        if "accuracy" in self.metric_names:
+            values["val/accuracy"] = torch.tensor(sum(h == r for h, r in pairs) / max(len(pairs), 1))
+        if "bleu" in self.metric_names:
+            import sacrebleu
+
+            values["val/bleu"] = torch.tensor(sacrebleu.corpus_bleu(self.hypotheses, [self.references]).score)
+        self.log_dict(values, prog_bar=True)
+        self.val_loss.reset()
+        self.hypotheses, self.references = [], []
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        return finetune_optimizer(self.cfg, self.model, None, self.cfg.trainer.max_steps)

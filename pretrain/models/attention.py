@@ -1,0 +1,255 @@
+"""Attention masks and kernels: one mask definition, two backends.
+
+Axes: B batch, h heads, T queries, S keys, d_h head width. Every mask is a ``mask_mod(b, h, q, k) -> bool``
+(True = query q may attend key k; q counts from the current call, its absolute position is past_len + q). The
+sdpa backend evaluates it on broadcast index grids into a dense (B|1, 1, T, S) mask for
+``F.scaled_dot_product_attention``; the flex backend turns it into a ``BlockMask`` for
+``torch.nn.attention.flex_attention``, which skips fully masked (block_size x block_size) tiles, and adds T5's
+relative bias through a ``score_mod`` instead of a dense (B|1, h, T, S) tensor.
+
+Self-attention (query at absolute position p = past_len + q, key at k):
+
+    sparse(p, k) = |p - k| < window (encoder) or 0 <= p - k < window (decoder)          [all keys if window = 0]
+                   or min(p, k) < global_tokens or global_id[p] or global_id[k]          (Longformer / BigBird)
+                   or random[p // block, k // block]                                      (BigBird random blocks)
+    allowed(p, k) = sparse & (k <= p or k < prefix_length)  [causal only]  & same document & key is real
+                    or k == p                                (no row is fully masked)
+
+The random table draws r key blocks per query block from ``torch.Generator().manual_seed(seed)`` (decoders draw
+among past blocks only), so a pattern is a pure function of the config and the length: a checkpoint evaluates
+identically. One pattern is shared by all heads and layers (BigBird draws one per head and layer).
+
+flex_attention has no backward on CPU (torch 2.13 raises NotImplementedError) and no dropout, and a compiled
+kernel recompiles for every new key length; so the flex backend computes through SDPA, on the dense mask of the
+same ``mask_mod``, for CPU training steps, for training with attention dropout and for KV-cache steps
+(past_len > 0).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+from pretrain.models.config import ModelConfig
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class SparsePattern:
+    """Sliding window, global tokens and random blocks of one stack (see the module docstring)."""
+
+    causal: bool
+    window: int = 0
+    global_tokens: int = 0
+    random_blocks: int = 0
+    block_size: int = 128
+    seed: int = 0
+    min_blocks: int = 1  # random tables are drawn for at least this many blocks (max_seq_len), then sliced
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, causal: bool) -> SparsePattern:
+        return cls(
+            causal,
+            config.attention_window,
+            config.attention_global_tokens,
+            config.attention_random_blocks,
+            config.attention_block_size,
+            config.attention_seed,
+            -(-config.max_seq_len // config.attention_block_size),
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.window or self.global_tokens or self.random_blocks)
+
+
+@functools.lru_cache(maxsize=16)
+def random_block_table(n_blocks: int, r: int, seed: int, causal: bool) -> Tensor:
+    """(n_blocks, n_blocks) bool: row i holds r distinct key blocks drawn for query block i (among blocks <= i
+    when causal; rows with fewer candidates take them all)."""
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.zeros(n_blocks, n_blocks, dtype=torch.bool)
+    for i in range(n_blocks):
+        candidates = i + 1 if causal else n_blocks
+        table[i, torch.randperm(candidates, generator=generator)[:r]] = True
+    return table
+
+
+@dataclass
+class MaskInputs:
+    """Everything a self- or cross-attention mask is built from. Tensors: key_mask (B, S) True = real key,
+    document_ids (B, T), prefix_lengths (B,), global_ids (B, T) True = global token."""
+
+    query_len: int
+    key_len: int
+    past_len: int = 0
+    causal: bool = False
+    cross: bool = False
+    key_mask: Tensor | None = None
+    document_ids: Tensor | None = None
+    prefix_lengths: Tensor | None = None
+    global_ids: Tensor | None = None
+    pattern: SparsePattern | None = None
+
+    @property
+    def batch_free(self) -> bool:
+        """True when the mask is the same for every sample (so it can be cached across steps)."""
+        return all(
+            t is None for t in (self.key_mask, self.document_ids, self.prefix_lengths, self.global_ids)
+        )
+
+    @property
+    def batch(self) -> int:
+        for t in (self.key_mask, self.document_ids, self.prefix_lengths, self.global_ids):
+            if t is not None:
+                return t.shape[0]
+        return 1
+
+    def mask_mod(self, device: torch.device) -> MaskMod:
+        """The ``mask_mod`` of the module docstring; works on scalars (flex) and broadcast index grids (sdpa)."""
+        key_mask = None if self.key_mask is None else self.key_mask.to(device=device, dtype=torch.bool)
+        if self.cross:
+            return lambda b, h, q, k: key_mask[b, k]
+        past, pattern = self.past_len, self.pattern
+        docs, prefix, global_ids = self.document_ids, self.prefix_lengths, self.global_ids
+        table = None
+        if pattern is not None and pattern.random_blocks:
+            n_blocks = max(pattern.min_blocks, -(-self.key_len // pattern.block_size))
+            table = random_block_table(n_blocks, pattern.random_blocks, pattern.seed, pattern.causal)
+            table = table.to(device)
+
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+            p = q + past
+            sparse = []  # alternatives a sparse pattern allows
+            if pattern is not None and pattern.window:
+                sparse.append(
+                    (p - k < pattern.window) if pattern.causal else ((p - k).abs() < pattern.window)
+                )
+            if pattern is not None and pattern.global_tokens:
+                sparse.append((k < pattern.global_tokens) | (p < pattern.global_tokens))
+            if table is not None:
+                sparse.append(table[p // pattern.block_size, k // pattern.block_size])
+            if global_ids is not None:
+                sparse.append(global_ids[b, q] | global_ids[b, k])
+            ok = functools.reduce(torch.logical_or, sparse) if sparse else k >= 0
+            if self.causal:
+                past_or_prefix = k <= p
+                if prefix is not None:
+                    past_or_prefix = past_or_prefix | (k < prefix[b])
+                ok = ok & past_or_prefix
+            if docs is not None:
+                ok = ok & (docs[b, q] == docs[b, k])
+            if key_mask is not None:
+                ok = ok & key_mask[b, k]
+            return ok | (k == p)
+
+        return mask_mod
+
+    def needs_mask(self) -> bool:
+        """False when SDPA needs no explicit mask (full attention, or plain causal from position 0)."""
+        plain = self.batch_free and (self.pattern is None or not self.pattern.active)
+        return not (plain and (not self.causal or self.query_len == 1 or self.past_len == 0))
+
+    def dense(self, device: torch.device) -> Tensor:
+        """(B|1, 1, T, S) bool mask, the mask_mod evaluated on broadcast index grids."""
+        arange = functools.partial(torch.arange, device=device)
+        b = arange(self.batch)[:, None, None, None]
+        q, k = arange(self.query_len)[:, None], arange(self.key_len)[None, :]
+        allowed = self.mask_mod(device)(b, torch.zeros((), dtype=torch.long, device=device), q, k)
+        return (
+            allowed.expand(-1, 1, self.query_len, self.key_len) if allowed.dim() == 4 else allowed[None, None]
+        )
+
+
+_FLEX = torch.compile(flex_attention, dynamic=False)
+
+
+class AttentionMask:
+    """One stack's mask (shared by its layers) in the form its backend needs, built once per forward.
+
+    ``x``: the stack input (B, T, d); its device and whether it needs gradients pick flex or SDPA, as does
+    ``dropout`` (attention dropout is active: flex has none). ``bias``: T5
+    relative bias as ``(dense () -> (B|1, h, T, S), score_mod)``; SDPA gets the dense bias with the mask folded
+    in (masked logits = finfo.min), flex_attention the score_mod. ``cache``: a dict kept by the stack; block masks
+    that depend only on shapes (no padding, documents, prefixes, global ids) are reused across steps.
+    """
+
+    def __init__(
+        self,
+        inputs: MaskInputs,
+        backend: str,
+        x: Tensor,
+        bias: tuple[Callable[[], Tensor], ScoreMod] | None = None,
+        cache: dict | None = None,
+        dropout: bool = False,
+    ) -> None:
+        grad = torch.is_grad_enabled() and x.requires_grad
+        cpu_grad = grad and x.device.type in ("cpu", "mps")
+        self.flex = backend == "flex" and not inputs.past_len and not cpu_grad and not dropout
+        self.score_mod = bias[1] if bias is not None and self.flex else None
+        self.block_mask = self._block_mask(inputs, x.device, cache) if self.flex else None
+        self.dense, self.is_causal = None, False
+        if self.flex:
+            return
+        if bias is not None:
+            dense = bias[0]()
+            if inputs.needs_mask() or inputs.causal:
+                dense = dense.masked_fill(~inputs.dense(x.device), torch.finfo(dense.dtype).min)
+            self.dense = dense.to(x.dtype)
+        elif inputs.needs_mask():
+            self.dense = inputs.dense(x.device)
+        else:  # SDPA's is_causal fast path (FlashAttention on GPU)
+            self.is_causal = inputs.causal and inputs.query_len > 1
+
+    @staticmethod
+    def _block_mask(inputs: MaskInputs, device: torch.device, cache: dict | None) -> BlockMask | None:
+        """flex_attention's BlockMask (None = every key visible)."""
+        if not inputs.needs_mask() and not inputs.causal:
+            return None
+        i = inputs
+        key = (i.query_len, i.key_len, i.causal, i.cross, i.pattern, str(device))
+        if i.batch_free and cache is not None and key in cache:
+            return cache[key]
+        block_mask = create_block_mask(
+            i.mask_mod(device),
+            B=None if i.batch_free else i.batch,
+            H=None,
+            Q_LEN=i.query_len,
+            KV_LEN=i.key_len,
+            device=device,
+            BLOCK_SIZE=i.pattern.block_size if i.pattern is not None else 128,
+        )
+        if i.batch_free and cache is not None:
+            if len(cache) >= 16:  # a few shapes are live at a time (train, eval, prefill)
+                cache.clear()
+            cache[key] = block_mask
+        return block_mask
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale: float | None, dropout: float
+) -> Tensor:
+    """q (B, h, T, d_h), k and v (B, g, S, d_h) with g dividing h -> (B, h, T, d_h); ``scale`` None means
+    1/sqrt(d_h)."""
+    gqa = k.shape[1] != q.shape[1]
+    if mask is not None and mask.flex:
+        kernel = flex_attention if torch.compiler.is_compiling() else _FLEX
+        return kernel(q, k, v, mask.score_mod, mask.block_mask, scale=scale, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=None if mask is None else mask.dense,
+        dropout_p=dropout,
+        is_causal=mask is not None and mask.is_causal,
+        scale=scale,
+        enable_gqa=gqa,
+    )

@@ -1,0 +1,353 @@
+"""Guards for unattended runs: non-finite steps, loss spikes and hangs (config section ``guards``).
+
+``StepGuard`` (a Lightning callback) looks at every optimizer step after the backward pass, before the update:
+
+- the step's loss ``L = sum_{r,m} S_{r,m} / N`` (see ``PretrainModule``) and a non-finite flag (loss or any
+  gradient NaN/Inf) are all-reduced in one collective, so every rank (DDP, FSDP shards) takes the same decision;
+- a non-finite step is not applied: every gradient is dropped (``p.grad = None``), so AdamW leaves the weights
+  and its moments and step counts untouched (the learning-rate schedule and the step counter still advance);
+- a spike is ``L > mean + k * std`` of the last ``window`` normal losses, ``m`` steps in a row (PaLM, Chowdhery
+  et al. 2022, section 5.1: restart ~100 steps before the spike and skip the batches in between);
+- ``m`` spike steps, or ``nonfinite.max_consecutive`` non-finite ones, roll back: the weights and optimizer
+  state return to the last good snapshot and the samples read since it (the window that led to the spike) are
+  skipped -- the data position is not rewound. Optionally the learning rate is scaled for a while.
+
+Snapshots are host-memory copies of the parameters, buffers and optimizer state, taken at train start, at every
+checkpoint and every ``snapshot_every`` steps, and only while no anomaly is running. The guard's state (loss
+history, streaks, events with the skipped sample positions) is saved in every checkpoint; the snapshot too when
+it is older than the checkpoint, so a resumed run makes the same decisions as an uninterrupted one.
+
+``HangGuard`` arms ``faulthandler.dump_traceback_later`` before every batch: if the batch does not finish within
+``max(min_seconds, factor * median of the recent batch times)`` (``startup_seconds`` for the first ones), a C
+thread writes all Python stacks of the rank to ``<run_dir>/hang-rank<r>.txt`` and exits with status 1 -- it works
+while the main thread is blocked inside a collective. The process group timeout is set above it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from pretrain.config.run import GuardsConfig, HangGuardConfig
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """A deep copy of nested dicts/lists/tuples in which every tensor is cloned to host memory."""
+    if isinstance(obj, Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def _gradients_finite(parameters: list[Tensor]) -> bool:
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:  # DeepSpeed keeps its gradients inside the engine; the loss is still checked
+        return True
+    return bool(torch.nn.utils.get_total_norm(grads).isfinite())
+
+
+class StepGuard(Callback):
+    """Skips non-finite steps and rolls back loss spikes (see the module docstring)."""
+
+    def __init__(self, config: GuardsConfig):
+        self.config = config
+        self.history: deque[float] = deque(maxlen=config.spike.window)
+        self.spike_streak = self.nonfinite_streak = 0
+        self.nonfinite_steps = self.rollbacks = 0
+        self.lr_steps_left = 0
+        self.events: list[dict[str, Any]] = []
+        self.snapshot: dict[str, Any] | None = None
+        self._trainer: L.Trainer | None = None
+        self._loss = torch.zeros(())
+        self._lr_scaled: list[float] | None = None
+
+    # ------------------------------------------------------------------------------------------ state
+    @property
+    def state_key(self) -> str:
+        return "StepGuard"
+
+    def state_dict(self) -> dict[str, Any]:
+        """Statistics, streaks and events; the snapshot only when it is older than the checkpoint (the
+        resumed run re-takes one from the loaded state otherwise)."""
+        trainer = self._trainer
+        if trainer is not None and trainer.training:
+            self._take_snapshot(trainer)
+        state = {
+            "history": list(self.history),
+            "spike_streak": self.spike_streak,
+            "nonfinite_streak": self.nonfinite_streak,
+            "nonfinite_steps": self.nonfinite_steps,
+            "rollbacks": self.rollbacks,
+            "lr_steps_left": self.lr_steps_left,
+            "events": list(self.events),
+        }
+        if (
+            self.snapshot is not None
+            and trainer is not None
+            and (trainer.world_size == 1 or _replicated(trainer))  # a shard of rank 0 is no use to others
+            and self.snapshot["step"] != trainer.global_step
+        ):
+            state["snapshot"] = self.snapshot
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = deque(state["history"], maxlen=self.config.spike.window)
+        for key in ("spike_streak", "nonfinite_streak", "nonfinite_steps", "rollbacks", "lr_steps_left"):
+            setattr(self, key, int(state[key]))
+        self.events = list(state["events"])
+        self.snapshot = state.get("snapshot")
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.snapshot is None:
+            self._take_snapshot(trainer, force=True)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        if idx % trainer.accumulate_grad_batches == 0:
+            self._loss = torch.zeros((), device=pl_module.device)
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self._loss = self._loss + loss.detach().float() / (scaler.get_scale() if scaler is not None else 1.0)
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed: the scaler skips such steps
+        check_nonfinite = self.config.nonfinite.enabled and scaler is None
+        finite = _gradients_finite(params)
+        flags = torch.stack([self._loss, self._loss.new_tensor(0.0 if finite else 1.0)])
+        if trainer.world_size > 1:
+            flags = trainer.strategy.reduce(flags, reduce_op="sum")
+        multiplier = getattr(pl_module, "_grad_multiplier", lambda: trainer.world_size)()
+        loss = float(flags[0]) * trainer.accumulate_grad_batches / multiplier
+        nonfinite = bool(flags[1] > 0) or not torch.isfinite(torch.tensor(loss))
+        step = trainer.global_step
+        if check_nonfinite and nonfinite:
+            self.nonfinite_steps += 1
+            self.nonfinite_streak += 1
+            self._drop_update(params)
+            self._record(trainer, {"step": step, "event": "nonfinite", "loss": loss})
+            if self.nonfinite_streak >= self.config.nonfinite.max_consecutive:
+                self._rollback(trainer, pl_module, optimizer, step, loss, "nonfinite")
+            return
+        self.nonfinite_streak = 0
+        spike = self.config.spike
+        if spike.enabled:
+            if len(self.history) >= spike.min_history and loss > self._threshold():
+                self.spike_streak += 1
+                if self.spike_streak >= spike.m:
+                    self._drop_update(params)
+                    self._rollback(trainer, pl_module, optimizer, step, loss, "spike")
+                    return
+            else:
+                self.spike_streak = 0
+                self.history.append(loss)
+        if self.lr_steps_left > 0:
+            self.lr_steps_left -= 1
+            self._lr_scaled = [
+                (group["lr"], group["lr"] * spike.lr_factor) for group in optimizer.param_groups
+            ]
+            for group, (_, scaled) in zip(optimizer.param_groups, self._lr_scaled):
+                group["lr"] = scaled
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        """Back to the schedule's learning rate (unless the scheduler has set the next one already); snapshot."""
+        if self._lr_scaled is not None:
+            for group, (lr, scaled) in zip(trainer.optimizers[0].param_groups, self._lr_scaled):
+                if group["lr"] == scaled:
+                    group["lr"] = lr
+            self._lr_scaled = None
+        every = self.config.snapshot_every
+        if (idx + 1) % trainer.accumulate_grad_batches == 0 and every and trainer.global_step % every == 0:
+            self._take_snapshot(trainer)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _threshold(self) -> float:
+        mean = statistics.fmean(self.history)
+        return mean + self.config.spike.k * statistics.pstdev(self.history, mean)
+
+    @staticmethod
+    def _drop_update(params: list[Tensor]) -> None:
+        for p in params:
+            p.grad = None
+
+    def _take_snapshot(self, trainer: L.Trainer, force: bool = False) -> None:
+        """Copy the weights, buffers, optimizer state and data position -- unless an anomaly is running."""
+        if not force and (self.spike_streak or self.nonfinite_streak):
+            return
+        if self.snapshot is not None and self.snapshot["step"] == trainer.global_step:
+            return
+        module = trainer.lightning_module
+        self.snapshot = {
+            "step": trainer.global_step,
+            "model": _cpu_copy(_local_tensors(module)),
+            "optimizers": [_cpu_copy(opt.state_dict()) for opt in trainer.optimizers],
+            "position": _data_position(trainer),
+        }
+
+    def _rollback(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        optimizer: torch.optim.Optimizer,
+        step: int,
+        loss: float,
+        reason: str,
+    ) -> None:
+        if self.rollbacks >= self.config.max_rollbacks:
+            raise RuntimeError(
+                f"step {step}: {reason} after {self.rollbacks} rollbacks (guards.max_rollbacks); the run cannot "
+                f"recover by itself -- lower optim.lr, check the data, or raise guards.max_rollbacks"
+            )
+        assert self.snapshot is not None
+        snap = self.snapshot
+        with torch.no_grad():
+            for name, tensor in _local_tensors(pl_module).items():
+                tensor.copy_(snap["model"][name])
+        for opt, state in zip(trainer.optimizers, snap["optimizers"]):
+            lrs = [group["lr"] for group in opt.param_groups]  # the schedule goes on
+            opt.load_state_dict(state)
+            for group, lr in zip(opt.param_groups, lrs):
+                group["lr"] = lr
+        self.rollbacks += 1
+        self.spike_streak = self.nonfinite_streak = 0
+        self.lr_steps_left = self.config.spike.lr_steps if self.config.spike.lr_factor < 1 else 0
+        start, end = snap["position"], _data_position(trainer)
+        self._record(
+            trainer,
+            {
+                "step": step,
+                "event": f"rollback_{reason}",
+                "loss": loss,
+                "to_step": snap["step"],
+                "skipped_samples": [start, end],  # [(epoch, consumed samples) at the snapshot, now)
+            },
+        )
+
+    def _record(self, trainer: L.Trainer, event: dict[str, Any]) -> None:
+        """Keep the event (saved in checkpoints), warn, and send it to every logger (W&B, CSV)."""
+        self.events.append(event)
+        if not trainer.is_global_zero:
+            return
+        rank_zero_warn(f"guards: {event}")
+        metrics = {"guard/loss": event["loss"], "guard/nonfinite_steps": self.nonfinite_steps}
+        if "to_step" in event:
+            (e0, s0), (e1, s1) = event["skipped_samples"]
+            metrics.update(
+                {
+                    "guard/rollbacks": self.rollbacks,
+                    "guard/rollback_to_step": event["to_step"],
+                    "guard/skipped_from_epoch": e0,
+                    "guard/skipped_from_sample": s0,
+                    "guard/skipped_to_epoch": e1,
+                    "guard/skipped_to_sample": s1,
+                }
+            )
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=event["step"])
+
+
+def _local_tensors(module: torch.nn.Module) -> dict[str, Tensor]:
+    """This rank's parameters and buffers by name (the local shards under FSDP; no collective)."""
+    return {n: t.data for n, t in [*module.named_parameters(), *module.named_buffers()]}
+
+
+def _data_position(trainer: L.Trainer) -> tuple[int, int]:
+    """(epoch, global samples consumed in it) of the training stream (``PretrainDataModule``), else (0, 0)."""
+    data = trainer.datamodule
+    return int(getattr(data, "epoch", 0)), int(getattr(data, "consumed_samples", 0))
+
+
+def _replicated(trainer: L.Trainer) -> bool:
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return type(trainer.strategy) is DDPStrategy
+
+
+class HangGuard(Callback):
+    """Dumps every thread's Python stack and exits with status 1 when a batch takes far longer than usual."""
+
+    RECENT = 20  # batch durations in the median
+
+    def __init__(self, config: HangGuardConfig, run_dir: str | Path):
+        self.config, self.run_dir = config, Path(run_dir)
+        self.durations: deque[float] = deque(maxlen=self.RECENT)
+        self._last: float | None = None
+        self._file: Any = None
+
+    def timeout(self) -> float:
+        c = self.config
+        if len(self.durations) < 3:
+            return c.startup_seconds
+        return max(c.min_seconds, c.factor * statistics.median(self.durations))
+
+    def _arm(self, trainer: L.Trainer) -> None:
+        if self._file is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.run_dir / f"hang-rank{trainer.global_rank}.txt", "w")  # noqa: SIM115
+        faulthandler.dump_traceback_later(self.timeout(), exit=True, file=self._file)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        now = time.monotonic()
+        if self._last is not None:
+            self.durations.append(now - self._last)
+        self._last = now
+        self._arm(trainer)
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._arm(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = None  # validation time is not a training batch's
+
+    def _disarm(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        if self._file is not None:
+            self._file.close()
+            path = Path(self._file.name)
+            if path.stat().st_size == 0:
+                path.unlink()
+            self._file = None
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._disarm()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._disarm()
+
+
+def build_guards(run: Any) -> list[Callback]:
+    """The guards ``run.guards`` enables (a ``RunConfig``)."""
+    g = run.guards
+    callbacks: list[Callback] = []
+    if g.nonfinite.enabled or g.spike.enabled:
+        callbacks.append(StepGuard(g))
+    if g.hang.enabled:
+        callbacks.append(HangGuard(g.hang, run.run_dir))
+    return callbacks
