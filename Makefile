@@ -18,4 +18,6 @@ test: install
 	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest
 
 bench: install
+	$(PYTHON) -m pip install -q -e ".[bench]"
+	$(PYTHON) -m pip install -q --no-deps litgpt==0.5.13
 	PRETRAIN_SHARED_DATA=$(SHARED_DATA) bash benchmarks/run_all.sh

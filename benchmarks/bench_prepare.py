@@ -11,6 +11,11 @@ Three ways to turn one text corpus into token ids with one tokenizer, timed end 
   same documents already in memory, in prepare's batches: the ceiling for any pipeline.
 
 Targets: prepare >= 3x run_clm, and prepare's time within 15% of encode_batch's (packing nearly free).
+
+``--scaling 1,2`` instead times ``prepare(num_workers=N)`` (N tokenizing processes) against run_clm's
+``Dataset.map(num_proc=N)`` for each N, and ``prepare(num_workers=0)`` (one process, the tokenizer's own
+threads): wall seconds and CPU seconds of this process plus its (finished) worker processes. The scaling
+1 -> N is the wall time at 1 over the wall time at N; it only means something on idle cores.
 The corpus is WikiText-2 + Tiny Shakespeare from ``$PRETRAIN_SHARED_DATA`` (else the shipped corpus)
 repeated to ``--size-mb``; the tokenizer is GPT-2's (else a BPE trained on the shipped corpus). Usage::
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -47,19 +53,29 @@ def build_corpus(path: Path, size_mb: float) -> Path:
     return path
 
 
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's terminated, waited-for child processes (pool workers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
 class Timer:
-    """Wall-clock and process CPU seconds (all threads) of a ``with`` block."""
+    """Wall-clock seconds and CPU seconds of a ``with`` block: ``main`` (this process, all its threads),
+    ``workers`` (its finished worker processes) and ``cpu`` (both)."""
 
     def __enter__(self) -> Timer:  # noqa: PYI034 (py3.10 has no typing.Self)
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        self.wall, self.main, self.workers = time.perf_counter(), time.process_time(), children_cpu_seconds()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        self.wall = time.perf_counter() - self.wall
+        self.main = time.process_time() - self.main
+        self.workers = children_cpu_seconds() - self.workers
+        self.cpu = self.main + self.workers
 
 
-def run_prepare(corpus: Path, tokenizer, out: Path) -> int:
-    meta = prepare(corpus, tokenizer, out, progress=False, force=True)
+def run_prepare(corpus: Path, tokenizer, out: Path, num_workers: int = 0) -> int:
+    meta = prepare(corpus, tokenizer, out, progress=False, force=True, num_workers=num_workers)
     return sum(s["tokens"] for s in meta["splits"].values())
 
 
@@ -67,8 +83,11 @@ def run_encode_batch(batches: list[list[str]], encode) -> int:
     return sum(len(e) for batch in batches for e in encode(batch, add_special_tokens=False))
 
 
-def run_clm(corpus: Path, tokenizer_file: Path, block_size: int, cache: Path) -> int:
-    """transformers/examples/pytorch/language-modeling/run_clm.py, data part, default settings."""
+def run_clm(
+    corpus: Path, tokenizer_file: Path, block_size: int, cache: Path, num_proc: int | None = None
+) -> int:
+    """transformers/examples/pytorch/language-modeling/run_clm.py, data part (``--preprocessing_num_workers``
+    is ``num_proc``)."""
     import datasets
     from transformers import PreTrainedTokenizerFast
 
@@ -78,6 +97,7 @@ def run_clm(corpus: Path, tokenizer_file: Path, block_size: int, cache: Path) ->
     tokenized = raw.map(
         lambda examples: hf_tok(examples["text"]),
         batched=True,
+        num_proc=num_proc,
         remove_columns=["text"],
         load_from_cache_file=False,
     )
@@ -91,7 +111,7 @@ def run_clm(corpus: Path, tokenizer_file: Path, block_size: int, cache: Path) ->
         result["labels"] = result["input_ids"].copy()
         return result
 
-    grouped = tokenized.map(group_texts, batched=True, load_from_cache_file=False)
+    grouped = tokenized.map(group_texts, batched=True, num_proc=num_proc, load_from_cache_file=False)
     assert len(grouped["train"]) > 0
     return sum(len(ids) for ids in tokenized["train"]["input_ids"])
 
@@ -103,6 +123,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--tokenizer", type=Path, default=None)
     parser.add_argument("--skip-run-clm", action="store_true")
+    parser.add_argument("--scaling", default=None, help="comma list of worker counts, e.g. 1,2")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,6 +143,9 @@ def main() -> None:
             f"{os.cpu_count()} CPUs"
         )
 
+        if args.scaling:
+            scaling(args, corpus, tokenizer, tokenizer_file, tmp, size_mb)
+            return
         best: dict[str, tuple[Timer, int]] = {}
         for rep in range(args.repeats):
             runs = {
@@ -154,6 +178,40 @@ def main() -> None:
         print(
             f"prepare speed-up over run_clm: wall {clm.wall / prep.wall:.2f}x, cpu {clm.cpu / prep.cpu:.2f}x (target >= 3)"
         )
+
+
+def scaling(args, corpus: Path, tokenizer, tokenizer_file: Path, tmp: Path, size_mb: float) -> None:
+    """prepare(num_workers=N) vs run_clm's map(num_proc=N), best of ``--repeats`` (interleaved)."""
+    counts = [int(n) for n in args.scaling.split(",")]
+    runs = {"prepare threads": lambda: run_prepare(corpus, tokenizer, tmp / "prepared", 0)}
+    for n in counts:
+        runs[f"prepare {n}p"] = lambda n=n: run_prepare(corpus, tokenizer, tmp / "prepared", n)
+        if not args.skip_run_clm:
+            runs[f"run_clm {n}p"] = lambda n=n: run_clm(
+                corpus, tokenizer_file, args.block_size, tmp / f"hf{time.monotonic_ns()}", n
+            )
+    best: dict[str, Timer] = {}
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            with Timer() as timer:
+                run()
+            if name not in best or timer.wall < best[name].wall:
+                best[name] = timer
+    print(f"{'method':<16}{'wall s':>8}{'cpu s':>8}{'main':>8}{'workers':>8}{'MB/s':>8}")
+    for name, t in best.items():
+        print(f"{name:<16}{t.wall:>8.2f}{t.cpu:>8.2f}{t.main:>8.2f}{t.workers:>8.2f}{size_mb / t.wall:>8.2f}")
+    first = counts[0]
+    for n in counts[1:]:
+        line = f"scaling {first} -> {n} processes (wall): prepare {best[f'prepare {first}p'].wall / best[f'prepare {n}p'].wall:.2f}x"
+        if not args.skip_run_clm:
+            line += f", run_clm {best[f'run_clm {first}p'].wall / best[f'run_clm {n}p'].wall:.2f}x"
+        print(line)
+    if not args.skip_run_clm:
+        for n in counts:
+            clm, prep = best[f"run_clm {n}p"], best[f"prepare {n}p"]
+            print(
+                f"prepare / run_clm at {n} process(es): wall {clm.wall / prep.wall:.2f}x, cpu {clm.cpu / prep.cpu:.2f}x"
+            )
 
 
 if __name__ == "__main__":

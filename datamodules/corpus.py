@@ -17,6 +17,9 @@ paragraph breaks kept. Plain text is split by ``document``:
                       ``prepare`` each one becomes EOS, so a model never sees a blank line
     ``"separator:S"`` documents end at lines equal to ``S`` (e.g. ``separator:<|endoftext|>``); everything
                       between, blank lines included, is kept: paragraph breaks inside documents survive
+    ``"heading:R"``   documents start at lines matching the regular expression ``R`` (whole line, surrounding
+                      whitespace ignored), which stay as their first line; blank lines kept (WikiText
+                      articles: ``heading:= [^=].* =``, top-level ``= Title =`` lines)
 
 Leading and trailing blank lines of a document are trimmed; whitespace-only documents are skipped and
 counted.
@@ -38,8 +41,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DOCUMENT_MODES = ("line", "blank_line", "file")  # and "separator:S", naming its separator line
+DOCUMENT_MODES = ("line", "blank_line", "file")  # and "separator:S" / "heading:R", naming a line or pattern
 INVALID_UTF8_POLICIES = ("error", "replace", "skip")
+
+
+class InvalidUTF8Error(ValueError):
+    """A line that is not UTF-8 under ``on_invalid_utf8="error"``; ``with_fix(key)`` names the setting to change."""
+
+    def __init__(self, location: str, detail: str):
+        self.location, self.detail = location, detail
+        super().__init__(self.with_fix("on_invalid_utf8"))
+
+    def with_fix(self, key: str) -> str:
+        return f"{self.location}: invalid UTF-8 ({self.detail}); fix the file or set {key}=replace (or skip)"
+
+
 _JSONL = (".jsonl", ".json")
 _PARQUET = (".parquet",)
 _TEXT = (".txt", ".text", ".raw", ".tokens", ".en", ".de", ".md")
@@ -187,10 +203,7 @@ def _decode_block(
         except UnicodeDecodeError as err:
             location = f"{where}:{first_line + i}"
             if policy == "error":
-                raise ValueError(
-                    f"{location}: invalid UTF-8 ({err.reason} at byte {err.start} of the line); "
-                    f"fix the file or set on_invalid_utf8='replace' or 'skip'"
-                ) from None
+                raise InvalidUTF8Error(location, f"{err.reason} at byte {err.start} of the line") from None
             stats.invalid_utf8_lines += 1
             stats.first_invalid_utf8 = stats.first_invalid_utf8 or location
             if policy == "replace":
@@ -234,29 +247,43 @@ _TRAILING_BLANK = re.compile(r"(?:\n[^\S\n]*)+\Z")
 def document_mode(document: str) -> tuple[str, str | None]:
     """``document`` -> ``(mode, separator)``; ValueError naming the conventions when it is not one."""
     mode, colon, separator = document.partition(":")
-    if colon and mode == "separator" and separator.strip():
+    if colon and mode in ("separator", "heading") and separator.strip():
+        if mode == "heading":
+            try:
+                re.compile(separator.strip())
+            except re.error as err:
+                raise ValueError(
+                    f"document={document!r}: heading is not a regular expression ({err})"
+                ) from None
         return mode, separator.strip()
     if not colon and mode in DOCUMENT_MODES:
         return mode, None
     raise ValueError(
-        f"document={document!r}; choose one of file, line, blank_line or separator:S (S: the line that "
-        "ends a document, e.g. separator:<|endoftext|>)"
+        f"document={document!r}; choose one of file, line, blank_line, separator:S (S: the line that "
+        "ends a document, e.g. separator:<|endoftext|>) or heading:R (R: a regular expression matching the "
+        "line that starts one)"
     )
 
 
-def _separated_documents(blocks: Iterable[str], separator: str) -> Iterator[str]:
-    """Documents ended by lines equal to ``separator`` (surrounding whitespace ignored), blank lines kept."""
+def _separated_documents(blocks: Iterable[str], separator: str, heading: bool = False) -> Iterator[str]:
+    """Documents ended by lines equal to ``separator`` (surrounding whitespace ignored), or with ``heading``
+    started by lines matching the regular expression ``separator`` (kept); blank lines kept."""
     lines: list[str] = []
     carry = ""
+    pattern = re.compile(separator) if heading else None
+
+    def boundary(line: str) -> bool:
+        return bool(pattern.fullmatch(line.strip())) if heading else line.strip() == separator
+
     for text in blocks:
         *complete, carry = (carry + text).split("\n")
         for line in complete:
-            if line.strip() == separator:
+            if boundary(line):
                 yield "\n".join(lines)
-                lines = []
+                lines = [line] if heading else []
             else:
                 lines.append(line)
-    if carry.strip() != separator:
+    if heading or not boundary(carry):
         lines.append(carry)
     yield "\n".join(lines)
 
@@ -268,8 +295,8 @@ def _trim_blank_lines(document: str) -> str:
 def _text_documents(path: str, document: str, policy: str, stats: CorpusStats) -> Iterator[str]:
     mode, separator = document_mode(document)
     blocks = (text for text, _ in _iter_text_blocks(path, policy, stats))
-    if mode == "separator":
-        yield from map(_trim_blank_lines, _separated_documents(blocks, separator))
+    if mode in ("separator", "heading"):
+        yield from map(_trim_blank_lines, _separated_documents(blocks, separator, heading=mode == "heading"))
         return
     if mode == "file":
         yield "".join(blocks)

@@ -1,8 +1,11 @@
 """Corpus preparation: raw text -> token shards (``train``/``val`` in Megatron ``.bin/.idx`` layout).
 
-``prepare`` streams documents (``datamodules.corpus``), tokenizes them in batches with ``encode_batch``
-(Rust, all cores), appends EOS to each document and appends the tokens to the split's ``.bin`` as it goes,
-so peak memory is one batch whatever the corpus size. Document ``i`` (its position in the input stream)
+``prepare`` streams documents (``datamodules.corpus``), tokenizes them in batches with ``encode_batch``,
+appends EOS to each document and appends the tokens to the split's ``.bin`` as it goes, so peak memory is a
+few batches whatever the corpus size. ``num_workers=0`` tokenizes in this process (the Rust encoder's own
+threads); ``num_workers=N`` sends whole batches to N worker processes that tokenize and pack them (one
+thread each) while this process reads and writes; results are written in input order, so the output is
+byte-identical whatever the number of workers. Document ``i`` (its position in the input stream)
 goes to ``val`` iff ``u(i) < val_fraction`` where ``u(i) = splitmix64(i + splitmix64(seed)) / 2**64``:
 deterministic, independent of batching, and stable when documents are appended.
 
@@ -15,9 +18,11 @@ only when complete; on error the temporary directory is removed and the previous
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import shutil
 import uuid
@@ -89,6 +94,51 @@ def _encode_ahead(batches: Iterable[list[str]], encode) -> Iterator[tuple[list[s
             yield pending[0], pending[1].result()
 
 
+_worker_state: dict = {}
+
+
+def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
+    """Worker-process set-up: one tokenizer per process, single-threaded (the processes are the parallelism)."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    _worker_state.update(encode=encode, eos_id=eos_id, dtype=np.dtype(dtype))
+
+
+def _encode_pack(batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """In a worker: ``pack_batch`` of the batch's token ids (arrays pickle far cheaper than id lists)."""
+    state = _worker_state
+    encodings = state["encode"](batch, add_special_tokens=False)
+    return pack_batch([e.ids for e in encodings], state["eos_id"], state["dtype"])
+
+
+def _packed_in_processes(
+    batches: Iterable[list[str]], num_workers: int, tokenizer: Tokenizer, eos_id: int, dtype: np.dtype
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``pack_batch`` of every batch, computed by ``num_workers`` spawned processes, yielded in input order;
+    at most ``2 * num_workers`` batches are in flight (bounded memory)."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
+    init = (tokenizer.to_str(), eos_id, np.dtype(dtype).name)
+    with context.Pool(num_workers, initializer=_init_worker, initargs=init) as pool:
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            pending.append(pool.apply_async(_encode_pack, (batch,)))
+            if len(pending) >= 2 * num_workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _packed_here(
+    batches: Iterable[list[str]], tokenizer: Tokenizer, eos_id: int, dtype: np.dtype
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which we do not need
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    for _, encodings in _encode_ahead(batches, encode):
+        yield pack_batch([e.ids for e in encodings], eos_id, dtype)
+
+
 def read_meta(prepared_dir: str | os.PathLike) -> dict:
     """The ``meta.json`` of a prepared directory (``FileNotFoundError`` if it is not one)."""
     path = Path(prepared_dir) / META_FILE
@@ -99,9 +149,24 @@ def read_meta(prepared_dir: str | os.PathLike) -> dict:
     return json.loads(path.read_text())
 
 
-def _complete(directory: Path) -> bool:
+def _complete(directory: Path, meta: dict) -> bool:
+    """Every file present, and each split's ``.bin`` exactly as long as the token count ``meta`` records."""
     files = [META_FILE, "tokenizer.json"] + [f"{s}{ext}" for s in SPLITS for ext in (".bin", ".idx")]
-    return all((directory / f).is_file() for f in files)
+    if not all((directory / f).is_file() for f in files):
+        return False
+    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize
+    splits = meta.get("splits", {})
+    return all(
+        (directory / f"{s}.bin").stat().st_size == splits.get(s, {}).get("tokens", -1) * itemsize
+        for s in SPLITS
+    )
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    """Temporary and old directories that killed runs of ``prepare`` left next to ``out_dir``."""
+    for pattern in (f".{out_dir.name}.tmp-*", f".{out_dir.name}.old-*"):
+        for leftover in out_dir.parent.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _stale_reason(old: dict, inputs: list[dict], tokenizer_hash: str, settings: dict) -> str:
@@ -148,14 +213,18 @@ def _build(
     on_invalid_utf8: str,
     batch_docs: int,
     batch_chars: int,
+    num_workers: int,
     progress: bool,
 ) -> tuple[dict, CorpusStats]:
     stats = CorpusStats()
     docs = iter_documents(
         sources, document=document, text_field=text_field, on_invalid_utf8=on_invalid_utf8, stats=stats
     )
-    # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which we do not need
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    batches = batched(docs, batch_docs, batch_chars)
+    if num_workers > 0:
+        packed = _packed_in_processes(batches, num_workers, tokenizer, eos_id, dtype)
+    else:
+        packed = _packed_here(batches, tokenizer, eos_id, dtype)
     total = sum(s.size for s in sources) or None
     with (
         IndexedWriter(tmp / "train", dtype) as train,
@@ -163,14 +232,12 @@ def _build(
         tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar,
     ):
         first = 0
-        for batch, encodings in _encode_ahead(batched(docs, batch_docs, batch_chars), encode):
-            ids = [e.ids for e in encodings]
-            tokens, lengths = pack_batch(ids, eos_id, dtype)
-            is_val = val_mask(np.arange(first, first + len(batch)), seed, val_fraction)
+        for tokens, lengths in packed:
+            is_val = val_mask(np.arange(first, first + len(lengths)), seed, val_fraction)
             token_is_val = np.repeat(is_val, lengths)
             train.add_documents(tokens[~token_is_val], lengths[~is_val])
             val.add_documents(tokens[token_is_val], lengths[is_val])
-            first += len(batch)
+            first += len(lengths)
             bar.update(stats.bytes_read - bar.n)
         counts = {
             name: {"documents": w.num_documents, "tokens": w.num_tokens}
@@ -198,6 +265,7 @@ def prepare(
     eos_token: str | None = None,
     batch_docs: int = 1024,
     batch_chars: int = 1 << 20,
+    num_workers: int = 0,
     progress: bool = True,
     force: bool = False,
 ) -> dict:
@@ -206,7 +274,8 @@ def prepare(
     ``tokenizer``: a path for ``load_tokenizer`` or a ``tokenizers.Tokenizer``. ``eos_token``: appended to
     every document; default ``</s>``, else ``<|endoftext|>``. ``document``/``text_field``/``split``/
     ``on_invalid_utf8``: how documents are read (``datamodules.corpus``). ``batch_docs``/``batch_chars``
-    bound one tokenization batch, hence peak memory. ``force`` rebuilds even when the cache is valid.
+    bound one tokenization batch, hence peak memory. ``num_workers``: tokenizing processes (0: this process,
+    with the encoder's threads); the output does not depend on it. ``force`` rebuilds even when the cache is valid.
     The returned dict also says ``cache_hit`` (True when the existing directory was reused as is).
     """
     if not 0.0 <= val_fraction < 1.0:
@@ -216,6 +285,8 @@ def prepare(
         raise ValueError(f"on_invalid_utf8={on_invalid_utf8!r}; choose one of {INVALID_UTF8_POLICIES}")
     if batch_docs < 1 or batch_chars < 1:
         raise ValueError(f"batch_docs={batch_docs} and batch_chars={batch_chars} must be positive")
+    if num_workers < 0:
+        raise ValueError(f"num_workers={num_workers} must be >= 0 (0 tokenizes in this process)")
     out_dir = Path(out_dir).expanduser()
     tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     eos, eos_id = resolve_eos(tokenizer, eos_token)
@@ -256,13 +327,20 @@ def prepare(
                 raise ValueError(f"{out_dir} exists and is not a prepared corpus; choose another out_dir")
         else:
             old = read_meta(out_dir)
-            if old.get("cache_key") == cache_key and _complete(out_dir) and not force:
+            complete = _complete(out_dir, old)
+            if old.get("cache_key") == cache_key and complete and not force:
                 return {**old, "cache_hit": True}
             if old.get("cache_key") != cache_key:
                 reason = _stale_reason(old, input_info, tokenizer_hash, settings)
                 warnings.warn(f"prepared corpus {out_dir} is stale: {reason}; rebuilding it", stacklevel=2)
+            elif not complete:
+                warnings.warn(
+                    f"prepared corpus {out_dir} is damaged (missing or truncated files); rebuilding it",
+                    stacklevel=2,
+                )
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
@@ -279,6 +357,7 @@ def prepare(
             on_invalid_utf8=on_invalid_utf8,
             batch_docs=batch_docs,
             batch_chars=batch_chars,
+            num_workers=num_workers,
             progress=progress,
         )
         notes = stats.warnings(on_invalid_utf8)

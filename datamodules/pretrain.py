@@ -229,7 +229,9 @@ class PretrainDataModule(L.LightningDataModule):
             try:
                 val = self._corpora(VAL)
             except ValueError as err:
-                raise ValueError(f"{err} (or set val_batches=0 to train without validation)") from err
+                raise ValueError(
+                    f"{err} (or set val_batches=0 -- trainer.limit_val_batches=0 in a recipe -- to train without validation)"
+                ) from err
             size = sum(map(len, val))
             if self.val_batches is not None:
                 size = min(size, self.val_batches * self.global_batch_size)

@@ -7,6 +7,7 @@ later stages ``finetune``, ``evaluate`` and ``baseline``.
     pretrain validate recipes/gpt-tiny.yaml                   # validation loss of the newest checkpoint
     pretrain generate runs/gpt-tiny/checkpoints/last.ckpt --prompt "ROMEO:" --top-k 50
     pretrain export runs/gpt-tiny/checkpoints/last.ckpt runs/gpt-tiny/hf
+    pretrain plot runs/gpt-tiny runs/bert-tiny --out curves.png   # overlay runs' loss, lr, tokens/s
     pretrain finetune recipes/finetune-sst2-minilm.yaml
     pretrain evaluate runs/gpt-tiny/checkpoints/last.ckpt --tasks copa --num-fewshot 3 --data-root DIR
     pretrain baseline recipes/lstm-lm-tiny.yaml
@@ -61,6 +62,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "add_export_arguments",
         "cmd_export",
         "write a checkpoint as a Hugging Face model directory",
+    ),
+    "plot": (
+        "pretrain.training.cli",
+        "add_plot_arguments",
+        "cmd_plot",
+        "plot train/val loss, learning rate and tokens/s of one or more runs (overlaid) into a PNG",
     ),
     "finetune": (
         "pretrain.finetuning.cli",

@@ -84,6 +84,7 @@ def test_fit_writes_a_self_contained_checkpoint(trained, tiny_world):  # noqa: F
     assert ckpt["optimizer_states"] and ckpt["lr_schedulers"]
     assert ckpt["PretrainData"]["consumed_samples"] == 16  # the data position
     assert (trained["dir"] / "run" / "logs" / "version_0" / "hparams.yaml").is_file()
+    assert (trained["dir"] / "run" / "curves.png").read_bytes().startswith(b"\x89PNG")  # offline curves
 
 
 def test_fit_again_resumes_and_has_nothing_left_to_do(trained, capsys):
@@ -134,7 +135,8 @@ def test_generate(trained, capsys):
 
 
 def test_export_loads_in_transformers(trained, tmp_path, capsys):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     status, out, _ = pretrain(capsys, "export", trained["ckpt"], tmp_path / "hf")
     assert status == 0 and "exported" in out
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

@@ -34,12 +34,27 @@ def test_separator_documents_keep_their_paragraph_breaks(tmp_path_factory, docum
     assert all("\n\n" not in d for d in blank)  # the default convention drops every paragraph break
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(document, min_size=1, max_size=5))
+def test_heading_documents_start_at_their_heading(tmp_path_factory, documents):
+    """WikiText style: every document starts with a top-level '= Title =' line; '= = Section = =' lines do not
+    start one."""
+    articles = [f" = Title {i} = \n\n = = Part = = \n{d}" for i, d in enumerate(documents)]
+    path = tmp_path_factory.mktemp("heading") / "c.txt"
+    path.write_text("\n".join(articles) + "\n")
+    read = list(iter_documents(resolve_sources(path), document="heading:= [^=].* ="))
+    assert read == [a.rstrip("\n") for a in articles]
+
+
 def test_document_mode_names_the_conventions():
     assert document_mode("separator: <doc> ") == ("separator", "<doc>")
+    assert document_mode("heading:= [^=].* =") == ("heading", "= [^=].* =")
     assert document_mode("file") == ("file", None)
-    for bad in ("para", "separator:", "separator"):
-        with pytest.raises(ValueError, match="file, line, blank_line or separator:S"):
+    for bad in ("para", "separator:", "separator", "heading:"):
+        with pytest.raises(ValueError, match="file, line, blank_line, separator:S .* or heading:R"):
             document_mode(bad)
+    with pytest.raises(ValueError, match="not a regular expression"):
+        document_mode("heading:= (")
 
 
 def test_recipe_sets_the_convention_and_evaluation_reads_it_alike(tmp_path, capsys, tiny_world):  # noqa: F811

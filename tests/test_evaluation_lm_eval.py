@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+import lm_eval
 import pytest
 import torch
 import yaml
@@ -25,8 +26,6 @@ from pretrain.evaluation.tasks import TaskConfig, load_task
 from pretrain.models.config import ModelConfig
 from pretrain.models.hf import save_hf
 from pretrain.models.transformer import Transformer
-
-lm_eval = pytest.importorskip("lm_eval")
 
 LM_EVAL_METRICS = {
     "multiple_choice": ["acc", "acc_norm"],
@@ -154,20 +153,17 @@ def tokenizers(shipped_corpus, workdir):
 
 
 def export(kind: str, tokenizer, directory: Path, max_seq_len: int = 64) -> Path:
-    """Save a random model of ``kind`` in transformers format, with a tokenizer declaring <s> and </s>."""
-    import transformers
-
+    """Save a random model of ``kind`` in transformers format with its tokenizer (``save_hf`` declares the
+    special tokens it holds: <pad>, <s>, </s>)."""
     torch.manual_seed(0)
     std = (
         {"init_std": 0.2} if kind != "t5" else {}
     )  # sharper random predictions: no near-ties between choices
     cfg = {**ARCHS[kind], **std, "max_seq_len": max_seq_len}
     model = Transformer(ModelConfig(vocab_size=512, d_model=48, n_layer=2, n_head=4, **cfg))
-    save_hf(model, directory)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    ).save_pretrained(directory)
-    return directory
+    return save_hf(
+        model, directory, tokenizer
+    )  # the tokenizer files exactly as `pretrain export` writes them
 
 
 @pytest.fixture(scope="module")

@@ -270,7 +270,8 @@ def test_checkpoint_without_tokenizer(files, tmp_path):
 
 
 def test_hugging_face_directory_without_tokenizer(files, tmp_path):
-    pytest.importorskip("transformers")
+    import transformers  # noqa: F401
+
     from pretrain.models.hf import save_hf
 
     cfg_model = BERT | {"lm_head": True, "mlm_head_transform": True, "lm_head_bias": True, "norm_eps": 1e-12}

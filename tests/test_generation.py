@@ -123,6 +123,8 @@ def test_next_token_respects_top_k_and_top_p():
     assert set(top_k.tolist()) == {1, 3}
     top_p = next_token(logits, top_p=0.75, generator=g)  # 0.4 + 0.3 = 0.7 < 0.75: token 4 (0.15) completes it
     assert set(top_p.tolist()) == {1, 3, 4}
+    both = next_token(logits, top_k=3, top_p=0.75, generator=g)  # top_p of the renormalised top 3 (as HF)
+    assert set(both.tolist()) == {1, 3}  # 0.4 / 0.85 + 0.3 / 0.85 = 0.82 >= 0.75
     freq = torch.bincount(next_token(logits, generator=g), minlength=5) / 4000
     torch.testing.assert_close(freq, logits[0].softmax(-1), atol=0.03, rtol=0)
     hot = torch.bincount(next_token(logits, temperature=0.25, generator=g), minlength=5) / 4000
@@ -160,7 +162,8 @@ def test_encoder_decoder_needs_source_and_encoder_cannot_generate():
 
 def test_matches_transformers_generate():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     from pretrain.models.hf import from_hf
 
     gpt2 = transformers.GPT2LMHeadModel(

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.hf import from_hf, save_hf, to_hf
@@ -97,20 +97,39 @@ def t5_v1_1(tmp_path: Path):
     return model
 
 
+_ROPE_DECODER = {
+    "vocab_size": V,
+    "hidden_size": 36,
+    "intermediate_size": 50,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+
+
 def llama():
     cfg = transformers.LlamaConfig(
-        vocab_size=V,
-        hidden_size=36,
-        intermediate_size=50,
-        num_hidden_layers=3,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+        **_ROPE_DECODER,
         attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0},
     )
     return transformers.LlamaForCausalLM(cfg)
 
+
+def mistral():
+    """Sliding window 4 < the 11-token inputs, so the window changes the logits."""
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**_ROPE_DECODER, sliding_window=4))
+
+
+def bigbird():
+    shared = {k: v for k, v in _bert_config().to_dict().items() if k in _BERT_SHARED}
+    cfg = transformers.BigBirdConfig(**shared, attention_type="original_full", sep_token_id=3)
+    return transformers.BigBirdForMaskedLM(cfg)
+
+
+_BERT_SHARED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+_BERT_SHARED += ("max_position_embeddings", "type_vocab_size")
 
 FAMILIES = {
     "gpt2": gpt2,
@@ -119,6 +138,8 @@ FAMILIES = {
     "t5_v1_0": t5_v1_0,
     "t5_v1_1": t5_v1_1,
     "llama": llama,
+    "mistral": mistral,
+    "bigbird": bigbird,
 }
 
 
@@ -134,7 +155,7 @@ def _inputs(name):
     mask[1, 7:], mask[2, 4:] = 0, 0
     kw = {"input_ids": ids, "attention_mask": mask}
     out_mask = mask
-    if name.startswith("bert"):
+    if name.startswith("bert") or name == "bigbird":
         kw["token_type_ids"] = torch.randint(0, 3, (3, 11), generator=g)
     if name.startswith("t5"):
         dec_mask = torch.ones(3, 6, dtype=torch.long)
@@ -216,11 +237,11 @@ def test_save_hf_writes_tokenizer(tmp_path):
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "world": 2}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
-    save_hf(from_hf(gpt2()), tmp_path / "export", tokenizer_path=tmp_path)
+    save_hf(from_hf(gpt2()), tmp_path / "export", tokenizer=tmp_path)
     loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
     assert loaded("hello world again")["input_ids"] == [1, 2, 0]
     with pytest.raises(FileNotFoundError, match="tokenizer"):
-        save_hf(from_hf(gpt2()), tmp_path / "other", tokenizer_path=tmp_path / "missing")
+        save_hf(from_hf(gpt2()), tmp_path / "other", tokenizer=tmp_path / "missing")
 
 
 def test_real_minilm_checkpoint():
@@ -269,16 +290,9 @@ def _tiny(**kw) -> Transformer:
         ({"arch": "encoder", "norm_position": "pre", "type_vocab_size": 2}, "norm_position"),
         ({"arch": "encoder", "norm_position": "post", "embedding_norm": True}, "type_vocab_size"),
         (
-            {
-                "arch": "encoder",
-                "norm_position": "post",
-                "embedding_norm": True,
-                "pooler": True,
-                "type_vocab_size": 2,
-                "mlm_head_transform": True,
-                "lm_head_bias": True,
-            },
-            "pooler",
+            {"position": "rope", "norm": "rmsnorm", "norm_bias": False, "attention_window": 4}
+            | {"attention_global_tokens": 2},
+            "MistralForCausalLM cannot .*attention_global_tokens=2",
         ),
         ({"norm": "rmsnorm", "norm_bias": False}, "norm"),
         ({"position": "sinusoidal"}, "position"),
@@ -306,3 +320,105 @@ def test_to_hf_rejects_what_hf_cannot_express(kw, field):
 def test_from_hf_rejects_unsupported_class():
     with pytest.raises(ValueError, match="GPT2Model"):
         from_hf(transformers.GPT2Model(transformers.GPT2Config(vocab_size=V, n_embd=24, n_layer=1, n_head=3)))
+
+
+def test_from_hf_refuses_bigbird_block_sparse():
+    shared = {k: v for k, v in _bert_config().to_dict().items() if k in _BERT_SHARED}
+    hf = transformers.BigBirdForMaskedLM(transformers.BigBirdConfig(**shared, sep_token_id=3, block_size=4))
+    with pytest.raises(ValueError, match="attention_type='block_sparse' is not supported"):
+        from_hf(hf)
+
+
+# ---------------------------------------------------------------------------------------------- pretrain export
+
+
+@pytest.fixture(scope="module")
+def full_tokenizer(shipped_corpus, tmp_path_factory):
+    """A BPE trained as `pretrain tokenizer` trains one: every special token and sentinel included."""
+    from datamodules.tokenizer import train_bpe
+
+    corpus = tmp_path_factory.mktemp("export") / "c.txt"
+    corpus.write_text(shipped_corpus.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return train_bpe(corpus, 448, show_progress=False)
+
+
+def _exported(kind: str, tokenizer, tmp_path: Path) -> tuple[Transformer, Path]:
+    """A random tiny ``kind`` model saved as `pretrain fit` saves checkpoints, then `pretrain export`-ed."""
+    from dataclasses import asdict
+
+    from training_utils import TINY_MODEL
+
+    from pretrain.cli import main
+
+    torch.manual_seed(0)
+    config = {
+        "vocab_size": 448,
+        "d_model": 32,
+        "n_head": 2,
+        "d_ff": 64,
+        "max_seq_len": 48,
+        **TINY_MODEL[kind],
+        **({"type_vocab_size": 2} if kind == "bert" else {}),
+        **({"tie_embeddings": True} if kind == "t5" else {}),  # T5 v1.0, as recipes/t5-tiny.yaml
+    }
+    model = Transformer(ModelConfig(**config)).eval()
+    payload = {
+        "config": {"model": asdict(model.config), "tokenizer": {"special_tokens": {}}},
+        "tokenizer_json": tokenizer.to_str(),
+    }
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "pretrain": payload}, tmp_path / "last.ckpt")
+    assert main(["export", str(tmp_path / "last.ckpt"), str(tmp_path / "hf")]) == 0
+    return model, tmp_path / "hf"
+
+
+@pytest.mark.parametrize(
+    ("kind", "auto"),
+    [("gpt", "AutoModelForCausalLM"), ("bert", "AutoModelForMaskedLM"), ("t5", "AutoModelForSeq2SeqLM")],
+)
+def test_exported_directory_works_alone_in_transformers(kind, auto, full_tokenizer, tmp_path):
+    """AutoTokenizer with every special token and the length set, the Auto model equal to ours, and the
+    family's pipeline -- from the `pretrain export` directory alone."""
+    ours, directory = _exported(kind, full_tokenizer, tmp_path)
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    roles = {"eos": "</s>", "bos": "<s>", "pad": "<pad>", "unk": "<unk>", "mask": "<mask>"}
+    assert {role: getattr(tok, f"{role}_token") for role in roles} == roles
+    assert tok.model_max_length == 48 and "<extra_id_0>" in tok.all_special_tokens
+    hf = getattr(transformers, auto).from_pretrained(directory).eval()
+    ids = torch.tensor([tok("ROMEO: what light")["input_ids"]])
+    with torch.no_grad():
+        if kind == "t5":
+            start = torch.tensor([[hf.config.decoder_start_token_id, 5, 6]])
+            mine = ours(input_ids=ids, decoder_input_ids=start).logits
+            torch.testing.assert_close(hf(input_ids=ids, decoder_input_ids=start).logits, mine)
+        else:
+            torch.testing.assert_close(hf(ids).logits, ours(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    if kind == "gpt":
+        out = transformers.pipeline("text-generation", model=str(directory), device="cpu")(
+            "ROMEO:", max_new_tokens=5, do_sample=False
+        )
+        assert out[0]["generated_text"].startswith("ROMEO:") and len(out[0]["generated_text"]) > len("ROMEO:")
+    if kind == "bert":
+        out = transformers.pipeline("fill-mask", model=str(directory), device="cpu")(
+            f"ROMEO: what {tok.mask_token}"
+        )
+        assert len(out) == 5 and all(0.0 <= o["score"] <= 1.0 for o in out)
+
+
+@pytest.mark.parametrize(("kind", "backend"), [("gpt", "causal"), ("t5", "seq2seq")])
+def test_lm_eval_hf_model_scores_the_exported_directory_as_we_do(kind, backend, full_tokenizer, tmp_path):
+    """lm-eval's own ``hf`` model on the `pretrain export` directory alone (no hand-built tokenizer) gives our
+    scorer's log-likelihoods."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from pretrain.evaluation import load_scorer
+
+    _, directory = _exported(kind, full_tokenizer, tmp_path)
+    requests = [("ROMEO: what", " light"), ("JULIET:", " O Romeo")]
+    lm = HFLM(pretrained=str(directory), backend=backend, batch_size=2, device="cpu", dtype="float32")
+    theirs = lm.loglikelihood(
+        [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(requests)], disable_tqdm=True
+    )
+    ours = load_scorer(directory, batch_size=2).loglikelihood(requests)
+    assert [ll for ll, _ in theirs] == pytest.approx([ll for ll, _ in ours], rel=1e-5, abs=1e-4)

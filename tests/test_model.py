@@ -176,6 +176,29 @@ def test_kv_cache_matches_full_forward(name):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_kv_cache_writes_in_place_and_reorders_rows():
+    """Steps write into buffers allocated once at ``capacity``; a reordering of the rows alternates between two
+    buffers, an expansion to more rows copies; decoding then continues as a full forward over the reordered rows."""
+    model, x = tiny("gpt"), ids(2, 9)
+    with torch.no_grad():
+        cache = model(x[:, :4], use_cache=True).cache
+        cache.capacity = 9
+        model(x[:, 4:5], cache=cache)
+        buffer = cache.self_kv[1][0]
+        model(x[:, 5:6], cache=cache)
+        assert cache.self_kv[1][0].data_ptr() == buffer.data_ptr() and cache.seq_len == 6
+        cache.reorder(torch.tensor([1, 0]))  # into the spare buffers
+        spare = cache.self_kv[1][0].data_ptr()
+        cache.reorder(torch.tensor([1, 0]))  # and back: two buffers, no allocation per step
+        cache.reorder(torch.tensor([1, 0]))
+        assert cache.self_kv[1][0].data_ptr() == spare != buffer.data_ptr()
+        swapped = model(x[[1, 0], 6:7], cache=cache).logits
+        cache.reorder(torch.tensor([1, 1, 0]))  # expansion: rows [0, 0, 1] of x
+        expanded = model(x[[0, 0, 1], 7:9], cache=cache).logits
+    torch.testing.assert_close(swapped, model(x[[1, 0], :7]).logits[:, -1:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(expanded, model(x[[0, 0, 1]]).logits[:, -2:], atol=1e-5, rtol=1e-5)
+
+
 def _packed_vs_separate(model: Transformer, lengths: list[int]) -> None:
     tokens = ids(1, sum(lengths), seed=len(lengths))
     doc_ids = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]

@@ -255,3 +255,24 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world)
     )
     for name, grad in plain.items():
         torch.testing.assert_close(capture.grads[name], grad, msg=name)
+
+
+def test_compiled_training_matches_eager(tmp_path, tiny_world):  # noqa: F811
+    """trainer.compile=true on the CPU (inductor, the system C++ compiler): the same losses as eager."""
+    losses = {}
+    for compiled in (False, True):
+        (tmp_path / str(compiled)).mkdir()
+        recipe = tiny_recipe(
+            tmp_path / str(compiled),
+            tiny_world,
+            "gpt",
+            trainer={"max_steps": 3, "compile": compiled, "limit_val_batches": 0},
+            checkpoint={"save_top_k": 0},
+        )
+        run, resolved = config.load(recipe)
+        parts = prepare_run(run, resolved)
+        build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
+        losses[compiled] = metric_by_step(read_metrics(tmp_path / str(compiled) / "run"), "train/loss")
+    assert len(losses[True]) == 3
+    for step, value in losses[False].items():
+        assert losses[True][step] == pytest.approx(value, rel=1e-4)

@@ -13,6 +13,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import objectives
 from datamodules.special_tokens import all_special_tokens
 from objectives.base import row_generators
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 CORPUS = Path(__file__).resolve().parents[1] / "recipes" / "data" / "tinyshakespeare.txt"
 ALL_OBJECTIVES = {
@@ -173,39 +175,8 @@ def test_rejects_non_long_tokens():
         build("clm")(torch.zeros(2, 5, dtype=torch.int32), torch.Generator())
 
 
-class StandInDecoder(torch.nn.Module):
-    """One-layer causal decoder honouring position_ids, document_ids and prefix_lengths, used only while
-    ``pretrain.models.transformer.Transformer`` cannot be imported."""
-
-    def __init__(self, vocab_size: int, d: int = 32, max_len: int = 256):
-        super().__init__()
-        self.tok, self.pos = torch.nn.Embedding(vocab_size, d), torch.nn.Embedding(max_len, d)
-        self.qkv, self.head = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, vocab_size)
-
-    def forward(
-        self, input_ids, attention_mask=None, position_ids=None, document_ids=None, prefix_lengths=None
-    ):
-        B, T = input_ids.shape
-        positions = torch.arange(T).expand(B, T) if position_ids is None else position_ids
-        x = self.tok(input_ids) + self.pos(positions)
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        i = torch.arange(T)
-        allowed = (i[None, :] <= i[:, None])[None].expand(B, T, T)
-        if prefix_lengths is not None:
-            allowed = allowed | (i[None, None, :] < prefix_lengths[:, None, None])
-        if document_ids is not None:
-            allowed = allowed & (document_ids[:, :, None] == document_ids[:, None, :])
-        return self.head(x + torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
-
-
 def tiny_model(arch: str, vocab_size: int):
-    """``(model, logits_fn)``: the real backbone (tiny, dropout off) when importable, else ``None`` for
-    encoders / encoder-decoders and the stand-in decoder."""
-    try:
-        from pretrain.models.config import ModelConfig
-        from pretrain.models.transformer import Transformer
-    except ImportError:
-        return (StandInDecoder(vocab_size), lambda m, **kw: m(**kw)) if arch == "decoder" else None
+    """``(model, logits_fn)``: the real backbone, tiny, dropout off."""
     torch.manual_seed(0)
     config = ModelConfig(
         arch=arch, vocab_size=vocab_size, d_model=32, n_layer=2, n_head=2, max_seq_len=256, position="learned"
@@ -218,8 +189,6 @@ def test_backbone_accepts_the_batch(key):
     """Every key is a keyword argument of the backbone's forward, and the loss is finite."""
     obj = build(key)
     model = tiny_model(next(iter(obj.architectures)), tiny_tokenizer().get_vocab_size())
-    if model is None:
-        pytest.skip("pretrain.models.transformer.Transformer not importable yet")
     batch = obj(packed_batch(2, obj.raw_length(64)), torch.Generator().manual_seed(0))
     labels = batch.pop("labels")
     with torch.no_grad():

@@ -58,6 +58,26 @@ def test_weight_decay_is_applied_to_the_decay_group_only():
         torch.testing.assert_close(p.detach(), before[name] * factor, msg=name)
 
 
+def test_fused_adamw_matches_the_reference_update():
+    """The fused kernel (chosen on CPU too) steps exactly as torch's per-tensor AdamW over the same groups."""
+    model = Transformer(MODELS["gpt"])
+    reference = Transformer(MODELS["gpt"])
+    reference.load_state_dict(model.state_dict())
+    cfg = OptimConfig(lr=0.01, weight_decay=0.1)
+    opt = build_optimizer(model, cfg)
+    assert opt.defaults["fused"]
+    ref = torch.optim.AdamW(param_groups(reference, 0.1), lr=0.01, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p, q in zip(model.parameters(), reference.parameters()):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "inverse_sqrt", "constant"])
 def test_warmup_is_linear_then_schedule(schedule):
     fn = lr_lambda(OptimConfig(schedule=schedule, warmup_steps=10, min_lr_ratio=0.1), max_steps=110)

@@ -79,7 +79,9 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
     killed = resume_recipe(
         tmp_path / "killed", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate}, **wandb
     )
-    step = fit_and_kill(killed, tmp_path / "killed" / "run", kill_at_step=random.randint(2, MAX_STEPS - 3))
+    step = fit_and_kill(
+        killed, tmp_path / "killed" / "run", kill_at_step=random.Random(0).randint(2, MAX_STEPS - 3)
+    )
     assert step < MAX_STEPS
     out = run_cli("fit", str(killed))  # resume=auto is the default
     assert f"steps: {MAX_STEPS}" in out.stdout

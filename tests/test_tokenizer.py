@@ -178,7 +178,8 @@ def test_round_trip_shipped_corpus_without_shared_data(trained, shipped_corpus):
 
 
 def test_gpt2_matches_transformers(gpt2, shared_data):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     root = shared_data / "tokenizers" / "gpt2"
     reference = transformers.GPT2TokenizerFast(str(root / "vocab.json"), str(root / "merges.txt"))
     samples = []
@@ -237,8 +238,9 @@ def test_train_bad_input(tmp_path, shipped_corpus):
 
 def test_training_text_formats_agree(tmp_path, shipped_corpus):
     """The same documents as text (blank-line paragraphs), JSONL and Parquet train the same tokenizer."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     paragraphs = [p.strip("\n") for p in shipped_corpus.read_text().split("\n\n")[:400] if p.strip()]
     (tmp_path / "c.txt").write_text("\n\n".join(paragraphs) + "\n")
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"id": 0, "body": p}) + "\n" for p in paragraphs))

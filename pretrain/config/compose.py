@@ -25,6 +25,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -92,13 +93,31 @@ def compose(
         return apply_overrides(OmegaConf.merge(*pieces, body), overrides)
     except (OmegaConfBaseException, TypeError) as err:
         raise ValueError(f"cannot compose {recipe}: {err}") from err
+    except yaml.YAMLError as err:
+        raise ValueError(f"cannot compose {recipe}: {yaml_problem(err)}") from err
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error: the file, line, column and problem."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"invalid YAML in {where}: {problem}"
 
 
 def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
     """``key=value`` overrides (values parsed as in YAML: numbers, lists, null; ``a.b.0.c=`` addresses list
-    items) applied to a dict or OmegaConf node; returns the resolved plain dict."""
+    items; ``~key`` deletes a key, e.g. ``~objective.options`` drops a piece's options) applied to a dict or
+    OmegaConf node; returns the resolved plain dict."""
     merged = OmegaConf.create(config) if isinstance(config, dict) else config
     for item in overrides or []:
+        if item.startswith("~") and "=" not in item:  # ~a.b deletes a.b (its schema default applies)
+            parent, _, leaf = item[1:].rpartition(".")
+            node = OmegaConf.select(merged, parent) if parent else merged
+            if node is None or leaf not in node:
+                raise ValueError(f"override {item!r}: there is no {item[1:]!r} to delete")
+            node.pop(leaf)
+            continue
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")

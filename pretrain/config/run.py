@@ -35,6 +35,7 @@ class TokenizerConfig:
     train_files: list[str] = field(default_factory=list)
     vocab_size: int = 1024
     min_frequency: int = 2
+    on_invalid_utf8: Literal["error", "replace", "skip"] = "error"  # lines of train_files that are not UTF-8
     special_tokens: dict[str, str] = field(
         default_factory=dict
     )  # role -> token overrides, e.g. eos: <|endoftext|>
@@ -65,6 +66,7 @@ class DataConfig:
     micro_batch_size: int = 8  # per device, per forward pass
     num_workers: int = 0
     val_fraction: float = 0.05  # documents held out by `pretrain prepare`
+    on_invalid_utf8: Literal["error", "replace", "skip"] = "error"  # lines that are not UTF-8 (prepare)
 
 
 @dataclass
@@ -258,6 +260,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         )
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
+    _check_objective(run.objective)
     for i, source in enumerate(run.data.sources):
         try:
             document_mode(source.document)
@@ -265,11 +268,28 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             raise ValueError(f"data.sources[{i}].{err}") from None
     _check_optim(run.optim)
     _check_guards(run.guards)
+    if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
+        raise ValueError(
+            "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
+            "set guards.spike.enabled=false or use strategy ddp / fsdp"
+        )
     if run.strategy.name == "deepspeed" and run.trainer.compile:
         raise ValueError(
             "trainer.compile is not supported with strategy deepspeed; set trainer.compile=false"
         )
     return run
+
+
+def _check_objective(o: ObjectiveConfig) -> None:
+    import objectives
+
+    valid = objectives.options(o.name)
+    unknown = sorted(set(o.options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
+            f"if they come from another objective's piece, drop them with ~objective.options"
+        )
 
 
 def _check_optim(o: OptimConfig) -> None:

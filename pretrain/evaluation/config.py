@@ -64,6 +64,12 @@ def load_config(target: str, overrides: list[str], flags: dict[str, Any]) -> Eva
         raw = apply_overrides({"checkpoint": target}, overrides)
     raw |= {k: v for k, v in flags.items() if v is not None}
     config = structured(EvalConfig, raw)
+    if config.limit is not None and config.limit < 1:
+        raise ValueError(
+            f"limit must be >= 1 (the first N examples of each task), got {config.limit}; omit it for all"
+        )
+    if config.num_fewshot is not None and config.num_fewshot < 0:
+        raise ValueError(f"num_fewshot must be >= 0, got {config.num_fewshot}")
     if not config.checkpoint:
         raise ValueError("no checkpoint: give one (pretrain evaluate CHECKPOINT) or set checkpoint=PATH")
     if not config.tasks:

@@ -19,12 +19,12 @@ The result is the pool's best hypotheses, padded to the longest returned one wit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from pretrain.models.transformer import KVCache, Transformer
+from pretrain.models.generation import last_positions
+from pretrain.models.transformer import Transformer
 
 NEG = -1.0e9  # score of excluded candidates (transformers uses the same constant)
 
@@ -33,22 +33,6 @@ NEG = -1.0e9  # score of excluded candidates (transformers uses the same constan
 class BeamSearchOutput:
     sequences: Tensor  # (B * R, P + n): prompt + best hypotheses, R = num_return_sequences per input
     scores: Tensor  # (B * R,) length-normalised log-probability of each returned hypothesis
-
-
-def reorder_cache(cache: Any, index: Tensor) -> None:
-    """Select rows ``index`` (B',) of every cached tensor in place (beam reordering / expansion): a
-    ``KVCache``, or any model state with a ``reorder(index)`` method (``pretrain.models.rnn.RNNState``)."""
-    if not isinstance(cache, KVCache):
-        cache.reorder(index)
-        return
-    for kv in (cache.self_kv, cache.cross_kv):
-        for i, pair in enumerate(kv):
-            if pair is not None:
-                kv[i] = (pair[0].index_select(0, index), pair[1].index_select(0, index))
-    if cache.key_mask is not None:
-        cache.key_mask = cache.key_mask.index_select(0, index)
-    if cache.encoder_mask is not None:
-        cache.encoder_mask = cache.encoder_mask.index_select(0, index)
 
 
 def _decoding_inputs(
@@ -145,11 +129,12 @@ def beam_search(
     was_training = model.training
     model.eval()
     try:
-        out = model(**inputs, use_cache=True)
+        out = model(**inputs, use_cache=True, target_positions=last_positions(prompt))
         cache = out.cache
         expand = torch.arange(B, device=device).repeat_interleave(K)  # row b -> its K beams, (B*K,)
-        reorder_cache(cache, expand)
-        logits = out.logits[:, -1].index_select(0, expand)  # (B*K, V)
+        cache.reorder(expand)  # a KVCache, or a recurrent model's state (pretrain.models.rnn.RNNState)
+        cache.capacity = L  # the next step allocates the KV cache's final size once
+        logits = out.logits.index_select(0, expand)  # (B*K, V)
         if positions is not None:
             positions = positions[:, -1:].index_select(0, expand)
         V = logits.shape[-1]
@@ -206,7 +191,7 @@ def beam_search(
             if not bool(improvable.any()) or all_pools_full or bool(done.all()):
                 break
 
-            reorder_cache(cache, (beam_origin + batch_offset).flatten())
+            cache.reorder((beam_origin + batch_offset).flatten(), beams_only=True)
             new_tokens = running[:, :, cur_len].reshape(B * K, 1)
             if positions is not None:
                 positions = positions + 1

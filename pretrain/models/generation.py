@@ -3,7 +3,8 @@
 One prefill forward over the prompt fills the cache (and, for encoder-decoder models, encodes the source and
 projects its keys/values once); every later step feeds only the newest token. Token choice is a separate pure
 function of the last logits (:func:`next_token`), so other search strategies (beam search) can reuse
-:func:`pretrain.models.transformer.KVCache` and the step loop.
+:func:`pretrain.models.transformer.KVCache` and the step loop. The cache and the output are allocated at their
+final length (prompt + ``max_new_tokens``) and written in place.
 """
 
 from __future__ import annotations
@@ -31,15 +32,24 @@ def next_token(
     if greedy:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
+    ids = None  # vocabulary id of each column of logits; None: all V in order
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        logits, ids = logits.topk(top_k, dim=-1)  # (B, k), most likely first: top_p sorts k, not V
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
+        if ids is None:
+            logits, ids = logits.sort(dim=-1, descending=True)
+        probs = logits.softmax(dim=-1)
         drop = probs.cumsum(dim=-1) - probs >= top_p  # the tokens before already reach top_p
-        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+        logits = logits.masked_fill(drop, float("-inf"))
+    choice = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+    return (choice if ids is None else ids.gather(1, choice)).squeeze(1)
+
+
+def last_positions(input_ids: Tensor) -> Tensor:
+    """(B,) flat indices of each row's last position in input_ids (B, P): the prefill's ``target_positions``,
+    so the LM head runs on the one position per row whose logits choose the next token."""
+    B, P = input_ids.shape
+    return torch.arange(1, B + 1, device=input_ids.device) * P - 1
 
 
 def _check_args(
@@ -113,15 +123,18 @@ def generate(
 
     was_training = model.training
     model.eval()
+    B, P = input_ids.shape
+    tokens = input_ids.new_full((B, P + max_new_tokens), pad)
+    tokens[:, :P] = input_ids
+    finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    length = P
     try:
-        out = model(**inputs, use_cache=True)
-        tokens, finished = (
-            input_ids,
-            torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device),
-        )
+        out = model(**inputs, use_cache=True, target_positions=last_positions(input_ids))
+        out.cache.capacity = P + max_new_tokens  # the next step allocates the cache's final size once
+        logits = out.logits  # (B, V)
         for step in range(max_new_tokens):
             new = next_token(
-                out.logits[:, -1],
+                logits,
                 temperature=temperature,
                 top_k=top_k,
                 top_p=top_p,
@@ -131,13 +144,15 @@ def generate(
             if eos is not None:
                 new = new.masked_fill(finished, pad)
                 finished = finished | (new == eos)
-            tokens = torch.cat([tokens, new[:, None]], dim=1)
+            tokens[:, length] = new
+            length += 1
             if step == max_new_tokens - 1 or bool(finished.all()):
                 break
             if positions is not None:
                 positions = positions[:, -1:] + 1
             key = "decoder_input_ids" if enc_dec else "input_ids"
             out = model(**{key: new[:, None]}, position_ids=positions, cache=out.cache, use_cache=True)
+            logits = out.logits[:, -1]
     finally:
         model.train(was_training)
-    return tokens
+    return tokens[:, :length]

@@ -1,10 +1,13 @@
-"""Hugging Face interop: ``from_hf`` / ``to_hf`` / ``save_hf`` for GPT-2, BERT, T5 and Llama.
+"""Hugging Face interop: ``from_hf`` / ``to_hf`` / ``save_hf`` for GPT-2, BERT, BigBird, T5, Llama and Mistral.
 
 transformers is used only here and only for conversion. Each family is a pair of config translations plus a table
 of weight rules ``(our name, HF names, transpose)``: our tensor is the concatenation along dim 0 of the HF tensors
 (fused q|k|v and gate|up projections), transposed first for GPT-2's ``Conv1D``. ``to_hf`` checks that the HF config
 it builds converts back to the same architecture, so a model HF cannot express raises ``ValueError`` naming the
-fields instead of exporting something else.
+fields instead of exporting something else. Mistral is Llama plus ``sliding_window`` (our ``attention_window``,
+the same 0 <= q - k < w rule); BigBird is supported in its ``original_full`` attention mode only: ``block_sparse``
+draws its random blocks from numpy's global RNG inside the forward (and makes the first and last blocks global),
+which our seeded pattern does not reproduce.
 
 transformers 5 notes: T5 always ties ``lm_head`` to ``shared`` in a freshly built model and reads the old
 ``tie_word_embeddings=False`` as "do not scale decoder outputs" (``scale_decoder_outputs``); an untied T5 (v1.1)
@@ -37,6 +40,7 @@ _UNCHECKED = {
     "pad_token_id",
     "eos_token_id",
     "decoder_start_token_id",
+    "attention",  # the backend computes the same function
 }
 
 
@@ -133,6 +137,14 @@ _BERT_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu
 
 
 def _bert_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    if head and pooler:
+        raise ValueError(
+            "BertForMaskedLM has no pooler: set pooler=False, or lm_head=False to export BertModel"
+        )
+    return _bert_like_config(c, tied, head, pooler)
+
+
+def _bert_like_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     if (
         c.is_decoder
         or c.add_cross_attention
@@ -141,10 +153,6 @@ def _bert_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
         raise ValueError("only bidirectional BERT with absolute positions is supported (is_decoder=False)")
     if c.type_vocab_size < 1:
         raise ValueError("BERT always adds segment embeddings: type_vocab_size must be >= 1")
-    if head and pooler:
-        raise ValueError(
-            "BertForMaskedLM has no pooler: set pooler=False, or lm_head=False to export BertModel"
-        )
     return ModelConfig(
         arch="encoder",
         vocab_size=c.vocab_size,
@@ -173,26 +181,31 @@ def _bert_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     )
 
 
+def _bert_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """BertConfig / BigBirdConfig arguments the two share."""
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "intermediate_size": cfg.d_ff,
+        "hidden_act": {"gelu_tanh": "gelu_new"}.get(cfg.activation, cfg.activation),
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attn_dropout,
+        "max_position_embeddings": cfg.max_seq_len,
+        "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.init_std,
+        "layer_norm_eps": cfg.norm_eps,
+        "pad_token_id": cfg.pad_token_id,
+        "tie_word_embeddings": cfg.tie_embeddings,
+    }
+
+
 def _bert_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
-    return transformers.BertConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        num_hidden_layers=cfg.n_layer,
-        num_attention_heads=cfg.n_head,
-        intermediate_size=cfg.d_ff,
-        hidden_act={"gelu_tanh": "gelu_new"}.get(cfg.activation, cfg.activation),
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.attn_dropout,
-        max_position_embeddings=cfg.max_seq_len,
-        type_vocab_size=cfg.type_vocab_size,
-        initializer_range=cfg.init_std,
-        layer_norm_eps=cfg.norm_eps,
-        pad_token_id=cfg.pad_token_id,
-        tie_word_embeddings=cfg.tie_embeddings,
-    )
+    return transformers.BertConfig(**_bert_kwargs(cfg))
 
 
-def _bert_rules(cfg: ModelConfig) -> list[Rule]:
+def _bert_rules(cfg: ModelConfig, pooler: str = "pooler.dense") -> list[Rule]:
     p = "bert." if cfg.lm_head else ""  # BertForMaskedLM nests BertModel under "bert."
     rules = _linear("embed.tok", [f"{p}embeddings.word_embeddings"], False)
     rules += _linear("embed.pos", [f"{p}embeddings.position_embeddings"], False)
@@ -209,7 +222,7 @@ def _bert_rules(cfg: ModelConfig) -> list[Rule]:
         rules += _linear(f"{ours}.mlp.proj", [f"{hf}.output.dense"], True)
         rules += _norm(f"{ours}.norm2", f"{hf}.output.LayerNorm", True)
     if cfg.pooler:
-        rules += _linear("pooler.dense", [f"{p}pooler.dense"], True)
+        rules += _linear("pooler.dense", [f"{p}{pooler}"], True)
     if cfg.lm_head:
         rules += _linear("mlm_transform.dense", ["cls.predictions.transform.dense"], True)
         rules += _norm("mlm_transform.norm", "cls.predictions.transform.LayerNorm", True)
@@ -218,6 +231,34 @@ def _bert_rules(cfg: ModelConfig) -> list[Rule]:
             ("lm_head.bias", ("cls.predictions.bias",), False),
         ]
     return rules
+
+
+# -------------------------------------------------------------------------------------------------------- BigBird
+def _bigbird_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    if c.attention_type != "original_full":
+        raise ValueError(
+            f"BigBirdConfig.attention_type={c.attention_type!r} is not supported: block_sparse draws its random "
+            "blocks from numpy's global RNG, which cannot be reproduced; use attention_type='original_full'"
+        )
+    if c.rescale_embeddings or not c.use_bias:
+        raise ValueError("BigBird with rescale_embeddings=True or use_bias=False is not supported")
+    return dataclasses.replace(
+        _bert_like_config(c, tied, head, pooler), attn_dropout=c.attention_probs_dropout_prob
+    )
+
+
+def _bigbird_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+    return transformers.BigBirdConfig(
+        **_bert_kwargs(cfg),
+        attention_type="original_full",
+        bos_token_id=None,
+        eos_token_id=None,
+        sep_token_id=None,
+    )
+
+
+def _bigbird_rules(cfg: ModelConfig) -> list[Rule]:
+    return _bert_rules(cfg, pooler="pooler")
 
 
 # ------------------------------------------------------------------------------------------------------------- T5
@@ -334,6 +375,7 @@ _LLAMA_ACT = {
 
 
 def _llama_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    """Llama, and Mistral (no bias options, ``sliding_window``)."""
     rope = c.rope_parameters or {}
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"Llama rope_type={rope.get('rope_type')!r} is not supported (only 'default')")
@@ -351,8 +393,9 @@ def _llama_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
         norm_bias=False,
         norm_eps=c.rms_norm_eps,
         activation=_lookup(_LLAMA_ACT, c.hidden_act, "LlamaConfig.hidden_act"),
-        mlp_bias=c.mlp_bias,
-        attn_bias=c.attention_bias,
+        mlp_bias=getattr(c, "mlp_bias", False),
+        attn_bias=getattr(c, "attention_bias", False),
+        attention_window=getattr(c, "sliding_window", None) or 0,
         position="rope",
         rope_theta=rope.get("rope_theta", 1e4),
         tie_embeddings=tied,
@@ -364,29 +407,38 @@ def _llama_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     )
 
 
-def _llama_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+def _rope_decoder_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """LlamaConfig / MistralConfig arguments the two share."""
     act = {v: k for k, v in _LLAMA_ACT.items() if k != "gelu_new"}.get(cfg.activation, "silu")
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.n_kv_head,
+        "head_dim": cfg.head_dim,
+        "hidden_act": act,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_dropout": cfg.attn_dropout,
+        "initializer_range": cfg.init_std,
+        "pad_token_id": cfg.pad_token_id,
+        "bos_token_id": None,
+        "eos_token_id": cfg.eos_token_id,
+    }
+
+
+def _llama_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
     return transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layer,
-        num_attention_heads=cfg.n_head,
-        num_key_value_heads=cfg.n_kv_head,
-        head_dim=cfg.head_dim,
-        hidden_act=act,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        tie_word_embeddings=cfg.tie_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        attention_bias=cfg.attn_bias,
-        mlp_bias=cfg.mlp_bias,
-        attention_dropout=cfg.attn_dropout,
-        initializer_range=cfg.init_std,
-        pad_token_id=cfg.pad_token_id,
-        bos_token_id=None,
-        eos_token_id=cfg.eos_token_id,
+        **_rope_decoder_kwargs(cfg), attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_bias
     )
+
+
+def _mistral_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+    return transformers.MistralConfig(**_rope_decoder_kwargs(cfg), sliding_window=cfg.attention_window)
 
 
 def _llama_rules(cfg: ModelConfig) -> list[Rule]:
@@ -414,15 +466,19 @@ _GPT2 = _Family("GPT2LMHeadModel", _gpt2_config, _gpt2_hf_config, _gpt2_rules)
 _BERT = _Family("BertForMaskedLM", _bert_config, _bert_hf_config, _bert_rules)
 _T5 = _Family("T5ForConditionalGeneration", _t5_config, _t5_hf_config, _t5_rules)
 _LLAMA = _Family("LlamaForCausalLM", _llama_config, _llama_hf_config, _llama_rules)
-_BY_CLASS = {f.name: f for f in (_GPT2, _BERT, _T5, _LLAMA)} | {"BertModel": _BERT}
+_BIGBIRD = _Family("BigBirdForMaskedLM", _bigbird_config, _bigbird_hf_config, _bigbird_rules)
+_MISTRAL = _Family("MistralForCausalLM", _llama_config, _mistral_hf_config, _llama_rules)
+_BY_CLASS = {f.name: f for f in (_GPT2, _BERT, _BIGBIRD, _T5, _LLAMA, _MISTRAL)} | {"BertModel": _BERT}
 
 
 def _family_of(cfg: ModelConfig) -> _Family:
     if cfg.arch == "encoder-decoder":
         return _T5
     if cfg.arch == "encoder":
-        return _BERT
-    return _LLAMA if cfg.position == "rope" else _GPT2
+        return _BIGBIRD if cfg.lm_head and cfg.pooler else _BERT
+    if cfg.position == "rope":
+        return _MISTRAL if cfg.attention_window else _LLAMA
+    return _GPT2
 
 
 def _hf_class_name(cfg: ModelConfig) -> str:
@@ -436,13 +492,14 @@ def _is_tied(hf_model: Any) -> bool:
 
 def from_hf(hf_model: Any) -> Transformer:
     """A :class:`Transformer` with the architecture and weights of a transformers GPT2LMHeadModel,
-    BertForMaskedLM, BertModel (no LM head; pooler kept), T5ForConditionalGeneration or LlamaForCausalLM."""
+    BertForMaskedLM, BertModel (no LM head; pooler kept), BigBirdForMaskedLM (original_full),
+    T5ForConditionalGeneration, LlamaForCausalLM or MistralForCausalLM."""
     name = type(hf_model).__name__
     if name not in _BY_CLASS:
         raise ValueError(f"from_hf supports {sorted(_BY_CLASS)}, got {name}")
     family = _BY_CLASS[name]
     head = name != "BertModel"
-    pooler = getattr(hf_model, "pooler", None) is not None
+    pooler = getattr(hf_model.base_model, "pooler", None) is not None  # BigBirdForMaskedLM keeps one
     config = family.config(hf_model.config, _is_tied(hf_model) if head else True, head, pooler)
     hf_state = hf_model.state_dict()
     state = {}
@@ -464,6 +521,8 @@ def to_hf(model: Transformer) -> Any:
     hf_config = family.hf_config(cfg, transformers)
     back = family.config(hf_config, cfg.tie_embeddings, cfg.lm_head, cfg.pooler)
     ignored = _UNCHECKED | ({"max_seq_len"} if cfg.position == "relative" else set())
+    if not cfg.attention_random_blocks:  # block size and seed only shape the random blocks
+        ignored |= {"attention_block_size", "attention_seed"}
     diff = [
         f.name
         for f in dataclasses.fields(cfg)
@@ -492,20 +551,44 @@ def to_hf(model: Transformer) -> Any:
     return hf_model.to(next(model.parameters()).dtype).train(model.training)
 
 
-def save_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None) -> Path:
+def hf_tokenizer(tokenizer: Any, max_length: int, special_tokens: dict[str, str] | None = None) -> Any:
+    """A transformers fast tokenizer of a ``tokenizers.Tokenizer`` with every special-token role it holds
+    (``datamodules.special_tokens``: eos, bos, pad, unk, mask, cls, sep; ``special_tokens`` overrides a role's
+    token, e.g. ``eos: <|endoftext|>``), T5's ``<extra_id_i>`` sentinels, and ``model_max_length``."""
+    import transformers
+
+    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, NUM_SENTINELS, sentinel_token
+
+    roles = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}
+    present = {f"{role}_token": tok for role, tok in roles.items() if tokenizer.token_to_id(tok) is not None}
+    sentinels = [s for s in map(sentinel_token, range(NUM_SENTINELS)) if tokenizer.token_to_id(s) is not None]
+    extra = {"additional_special_tokens": sentinels} if sentinels else {}
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_max_length=max_length, **present, **extra
+    )
+
+
+def save_hf(
+    model: Transformer,
+    out_dir: str | Path,
+    tokenizer: Any = None,
+    special_tokens: dict[str, str] | None = None,
+) -> Path:
     """Write ``out_dir/config.json`` + ``model.safetensors`` (transformers ``from_pretrained`` format) and, given
-    ``tokenizer_path`` (a tokenizer.json or a directory holding one), the tokenizer files."""
-    tokenizer_file = None
-    if tokenizer_path is not None:
-        tokenizer_file = Path(tokenizer_path)
+    ``tokenizer`` (a ``tokenizers.Tokenizer``, a tokenizer.json or a directory holding one), the tokenizer files
+    with the special tokens and ``model_max_length`` set (``hf_tokenizer``): ``AutoTokenizer``, ``pipeline`` and
+    lm-eval's ``hf`` model work on the directory alone."""
+    from tokenizers import Tokenizer
+
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        tokenizer_file = Path(tokenizer)
         if tokenizer_file.is_dir():
             tokenizer_file = tokenizer_file / "tokenizer.json"
         if not tokenizer_file.is_file():
-            raise FileNotFoundError(f"tokenizer_path: no tokenizer.json at {tokenizer_file}")
+            raise FileNotFoundError(f"tokenizer: no tokenizer.json at {tokenizer_file}")
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
     out_dir = Path(out_dir)
     to_hf(model).save_pretrained(out_dir, safe_serialization=True)
-    if tokenizer_file is not None:
-        import transformers
-
-        transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file)).save_pretrained(out_dir)
+    if tokenizer is not None:
+        hf_tokenizer(tokenizer, model.config.max_seq_len, special_tokens).save_pretrained(out_dir)
     return out_dir

@@ -129,13 +129,21 @@ class RNNState:
         cut = lambda x: None if x is None else x.detach()
         return replace(self, h=cut(self.h), c=cut(self.c), memory=cut(self.memory), keys=cut(self.keys))
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) in place (beam reordering / expansion)."""
+    def reorder(self, index: Tensor, beams_only: bool = False) -> None:
+        """Keep batch rows ``index`` (B',) in place (beam reordering / expansion); ``beams_only``: ``index`` only
+        permutes the beams of each input, which share the encoder side (as ``KVCache.reorder``)."""
         self.h = self.h.index_select(1, index)
         self.c = None if self.c is None else self.c.index_select(1, index)
+        if beams_only:
+            return
         for name in ("memory", "keys", "encoder_mask"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).index_select(0, index))
+
+
+def at_positions(x: Tensor, positions: Tensor | None) -> Tensor:
+    """x (B, T, d) -> the rows at flat positions (N,) -> (N, d); x itself when positions is None."""
+    return x if positions is None else x.flatten(0, 1)[positions]
 
 
 @dataclass
@@ -179,9 +187,11 @@ class RNNLanguageModel(nn.Module):
         position_ids: Tensor | None = None,
         cache: RNNState | None = None,
         use_cache: bool = True,
+        target_positions: Tensor | None = None,
     ) -> RNNOutput:
         """``input_ids (B, T)`` continuing the state in ``cache`` (None: zeros) -> logits (B, T, V) and the state
-        after the last token. ``attention_mask`` must be all ones (packed streams); positions are implicit."""
+        after the last token. ``attention_mask`` must be all ones (packed streams); positions are implicit.
+        ``target_positions`` (N,): logits at these flat (B * T) positions only, (N, V), as the transformer's."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError(
                 "RNNLanguageModel reads packed streams without padding; attention_mask must be all 1"
@@ -192,7 +202,7 @@ class RNNLanguageModel(nn.Module):
         out = self.drop(out)
         if use_cache:
             cache = (cache or RNNState(input_ids.new_empty(0))).update(state)
-        return RNNOutput(self.head(out), out, cache if use_cache else None)
+        return RNNOutput(self.head(at_positions(out, target_positions)), out, cache if use_cache else None)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # a tied head is counted once
@@ -357,10 +367,12 @@ class Seq2SeqRNN(nn.Module):
         position_ids: Tensor | None = None,
         cache: RNNState | None = None,
         use_cache: bool = False,
+        target_positions: Tensor | None = None,
     ) -> RNNOutput:
         """Source ``input_ids (B, S)`` (or a ``cache`` from an earlier call) and decoder inputs (B, T) -> logits
         (B, T, V), attention weights (B, T, S) and, with ``use_cache``, the cache after the last target token.
-        Padded target positions (``decoder_attention_mask`` 0) yield logits that the loss ignores."""
+        Padded target positions (``decoder_attention_mask`` 0) yield logits that the loss ignores;
+        ``target_positions`` (N,) limits the logits to those flat (B * T) positions, (N, V)."""
         if decoder_input_ids is None:
             raise ValueError("decoder_input_ids (B, T) are required (teacher forcing or the decoding prefix)")
         if cache is None:
@@ -377,7 +389,8 @@ class Seq2SeqRNN(nn.Module):
         attentional = self.drop(torch.tanh(self.combine(torch.cat([context, out], -1))))  # (B, T, H)
         if use_cache:
             cache.update(state)
-        return RNNOutput(self.head(attentional), attentional, cache if use_cache else None, weights)
+        logits = self.head(at_positions(attentional, target_positions))
+        return RNNOutput(logits, attentional, cache if use_cache else None, weights)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

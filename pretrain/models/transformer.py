@@ -50,16 +50,24 @@ class ModelOutput:
 class KVCache:
     """Keys and values of past positions for incremental decoding (one entry per decoder layer).
 
-    ``self_kv[i]``: (k, v) of self-attention, each (B, g, S, d_h), extended by every call.
-    ``cross_kv[i]``: (k, v) over the encoder output, each (B, g, S_enc, d_h), computed on the first call only.
-    ``key_mask``: (B, S) bool, True = real past token (None = no padding so far); ``encoder_mask``: (B, S_enc).
+    ``self_kv[i]``: (k, v) of self-attention over the S positions so far, each (B, g, S, d_h): views into buffers
+    (B, g, capacity, d_h) allocated once and written in place by every call (no per-step concatenation); a call
+    that overflows them reallocates with twice the length (amortised O(1) per position). ``capacity``: positions
+    to allocate up front (generation passes prompt + new tokens). ``cross_kv[i]``: (k, v) over the encoder
+    output, each (B, g, S_enc, d_h), computed on the first call only. ``key_mask``: (B, S) bool, True = real past
+    token (None = no padding so far); ``encoder_mask``: (B, S_enc).
     """
 
-    def __init__(self, n_layer: int) -> None:
+    def __init__(self, n_layer: int, capacity: int | None = None) -> None:
         self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * n_layer
         self.cross_kv: list[tuple[Tensor, Tensor] | None] = [None] * n_layer
         self.key_mask: Tensor | None = None
         self.encoder_mask: Tensor | None = None
+        self.capacity = capacity
+        self._buffers: list[tuple[Tensor, Tensor] | None] = [None] * n_layer
+        self._spares: list[tuple[Tensor, Tensor] | None] = [
+            None
+        ] * n_layer  # reorder() writes here, then swaps
 
     @property
     def seq_len(self) -> int:
@@ -71,12 +79,22 @@ class KVCache:
         return self.cross_kv[0] is not None
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append this call's (B, g, T, d_h) keys/values; return all of them (B, g, S, d_h)."""
-        if self.self_kv[layer] is not None:
-            past_k, past_v = self.self_kv[layer]
-            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        self.self_kv[layer] = (k, v)
-        return k, v
+        """Write this call's (B, g, T, d_h) keys/values after the cached ones; return all of them (B, g, S, d_h)."""
+        past = self.self_kv[layer]
+        start = 0 if past is None else past[0].shape[2]
+        end = start + k.shape[2]
+        buffers = self._buffers[layer]
+        if buffers is None or buffers[0].shape[2] < end:
+            size = max(end, self.capacity or 0, 2 * start)
+            buffers = tuple(t.new_empty(t.shape[0], t.shape[1], size, t.shape[3]) for t in (k, v))
+            if past is not None:
+                for buffer, old in zip(buffers, past, strict=True):
+                    buffer[:, :, :start] = old
+            self._buffers[layer], self._spares[layer] = buffers, None
+        buffers[0][:, :, start:end] = k
+        buffers[1][:, :, start:end] = v
+        self.self_kv[layer] = (buffers[0][:, :, :end], buffers[1][:, :, :end])
+        return self.self_kv[layer]
 
     def extend_mask(self, mask: Tensor | None, batch: int, length: int) -> Tensor | None:
         """Key padding mask over past + current positions (B, S), or None if nothing was ever padded."""
@@ -88,6 +106,35 @@ class KVCache:
         new = mask.bool() if mask is not None else ones(batch, length)
         self.key_mask = torch.cat([old, new], dim=1)
         return self.key_mask
+
+    def reorder(self, index: Tensor, beams_only: bool = False) -> None:
+        """Keep rows ``index`` (B',) of the cache: beam expansion (B' != B: new tensors) or beam reordering
+        (B' = B: the cached positions are gathered into a second set of buffers in one copy, and the two swap).
+        ``beams_only``: ``index`` only permutes the beams of each input, so what they share -- encoder keys/values
+        and mask, the prompt's padding mask -- is left as it is."""
+        for i, pair in enumerate(self.self_kv):
+            if pair is None:
+                continue
+            buffers = self._buffers[i]
+            if buffers is None or len(index) != pair[0].shape[0] or pair[0].requires_grad:
+                self.self_kv[i] = tuple(t.index_select(0, index) for t in pair)
+                self._buffers[i] = self._spares[i] = None  # the next extend() allocates new buffers
+                continue
+            spares = self._spares[i] or tuple(torch.empty_like(t) for t in buffers)
+            S = pair[0].shape[2]
+            for old, new in zip(pair, spares, strict=True):
+                torch.index_select(old, 0, index, out=new[:, :, :S])
+            self._buffers[i], self._spares[i] = spares, buffers
+            self.self_kv[i] = (spares[0][:, :, :S], spares[1][:, :, :S])
+        if beams_only:
+            return
+        self.cross_kv = [
+            None if kv is None else tuple(t.index_select(0, index) for t in kv) for kv in self.cross_kv
+        ]
+        if self.encoder_mask is not None:
+            self.encoder_mask = self.encoder_mask.index_select(0, index)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:

@@ -116,9 +116,13 @@ def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> 
     try:
         return torch.load(path, map_location=map_location or "cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, pickle.UnpicklingError) as err:
-        raise ValueError(
-            f"checkpoint {path} is unreadable (truncated, corrupt or not weights-only): {err}"
-        ) from err
+        # torch's own message goes on to advise weights_only=False, which would run the file's code: not shown
+        if "unsupported global" in str(err).lower():
+            raise ValueError(
+                f"checkpoint {path} holds objects other than tensors and plain containers, which a weights-only "
+                f"load refuses; it was not written by `pretrain fit` (or was altered) and is not loaded"
+            ) from err
+        raise ValueError(f"checkpoint {path} is unreadable (truncated, corrupt or not a checkpoint)") from err
 
 
 def is_valid(path: Path) -> bool:

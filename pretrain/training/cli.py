@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
+        if run.logger.csv:
+            from pretrain.training.plots import plot_runs
+
+            print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from pretrain.training.plots import plot_runs
+
+    print(f"curves of {len(args.run_dirs)} run(s) -> {plot_runs(args.run_dirs, args.out)}")
     return 0
 
 
@@ -110,20 +122,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from pretrain.models.generation import generate
     from pretrain.training.checkpoint import load_model
 
+    for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     model, _, tokenizer = load_model(args.checkpoint)
     if tokenizer is None:
         raise ValueError(f"{args.checkpoint} holds no tokenizer; cannot encode a text prompt")
+    if args.compile:
+        model.compile(dynamic=True)  # the cache grows every step: one graph with a symbolic length
     cfg = model.config
     ids = torch.tensor([tokenizer.encode(args.prompt).ids] * args.num_samples, dtype=torch.long)
     if ids.shape[1] == 0 and cfg.arch == "decoder":
         raise ValueError("the prompt is empty; pass --prompt TEXT")
+    max_new_tokens = _max_new_tokens(cfg, ids.shape[1], args.max_new_tokens)
     eos = tokenizer.token_to_id(args.eos) if args.eos else None
+    if args.eos and eos is None:
+        raise ValueError(
+            f"--eos {args.eos!r} is not in the tokenizer's vocabulary; name one that is, or --eos ''"
+        )
     generator = torch.Generator().manual_seed(args.seed)
     enc_dec = cfg.arch == "encoder-decoder"
     out = generate(
         model.eval(),
         None if enc_dec else ids,
-        args.max_new_tokens,
+        max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -138,58 +160,116 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    import tempfile
+DEFAULT_NEW_TOKENS = 100
 
+
+def _max_new_tokens(cfg: Any, prompt_len: int, requested: int | None) -> int:
+    """``--max-new-tokens`` (default: 100, or what the position table leaves). A model with a position table
+    (learned / sinusoidal) cannot go past ``max_seq_len``: say so before generating instead of failing after."""
+    if cfg.position not in ("learned", "sinusoidal"):
+        return requested or DEFAULT_NEW_TOKENS
+    limit = cfg.max_seq_len
+    room = limit - 1 if cfg.arch == "encoder-decoder" else limit - prompt_len
+    max_new_tokens = requested or min(DEFAULT_NEW_TOKENS, max(room, 1))
+    if cfg.arch == "encoder-decoder":
+        if prompt_len > limit or max_new_tokens + 1 > limit:
+            raise ValueError(
+                f"the prompt ({prompt_len} tokens) or --max-new-tokens {max_new_tokens} exceeds the model's "
+                f"{limit} positions; shorten the prompt or use --max-new-tokens {limit - 1}"
+            )
+    elif prompt_len + max_new_tokens > limit:
+        raise ValueError(
+            f"the prompt ({prompt_len} tokens) + --max-new-tokens {max_new_tokens} exceeds the model's {limit} "
+            f"positions (model.max_seq_len); use --max-new-tokens {max(limit - prompt_len, 0)} or a shorter prompt"
+        )
+    return max_new_tokens
+
+
+def _check_export_target(out_dir: Path, force: bool) -> None:
+    """An export goes into a new or empty directory (``--force``: overwrite the files it writes there)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir} is a file; export into a directory (it is created if missing)")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise ValueError(
+            f"{out_dir} is not empty; export into a new or empty directory, or pass --force to overwrite "
+            f"the files the export writes there"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)  # PermissionError here names the directory
+    with tempfile.TemporaryFile(dir=out_dir):  # and here, when it exists but may not be written
+        pass
+
+
+def cmd_export(args: argparse.Namespace) -> int:
     from pretrain.models.hf import save_hf
     from pretrain.training.checkpoint import load_model
 
-    model, _, tokenizer = load_model(args.checkpoint)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_path = None
-        if tokenizer is not None:
-            tokenizer_path = Path(tmp) / "tokenizer.json"
-            tokenizer.save(str(tokenizer_path))
-        out = save_hf(model, args.out_dir, tokenizer_path)
+    if not Path(args.checkpoint).exists():
+        raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
+    _check_export_target(Path(args.out_dir), args.force)
+    model, info, tokenizer = load_model(args.checkpoint)
+    special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
+    out = save_hf(model, args.out_dir, tokenizer, special_tokens)
     print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
     return 0
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from datamodules.corpus import InvalidUTF8Error
     from datamodules.tokenizer import train_bpe
 
     run, _ = config.load(args.recipe, args.overrides)
     t = run.tokenizer
     path = Path(t.path)
     if path.exists() and not args.force:
+        from datamodules.tokenizer import load_tokenizer
+
+        try:
+            load_tokenizer(path)
+        except ValueError as err:
+            raise ValueError(f"{err}; it may be truncated -- rerun with --force to retrain it") from err
         print(f"tokenizer {path} exists; reusing it (--force retrains)")
         return 0
     if not t.train_files:
         raise ValueError(
             f"tokenizer {path} does not exist and tokenizer.train_files is empty; list training text"
         )
-    tokenizer = train_bpe(list(t.train_files), t.vocab_size, path, min_frequency=t.min_frequency)
+    try:
+        tokenizer = train_bpe(
+            list(t.train_files),
+            t.vocab_size,
+            path,
+            min_frequency=t.min_frequency,
+            on_invalid_utf8=t.on_invalid_utf8,
+        )
+    except InvalidUTF8Error as err:
+        raise ValueError(err.with_fix("tokenizer.on_invalid_utf8")) from None
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens -> {path}")
     return 0
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from datamodules.corpus import InvalidUTF8Error
     from datamodules.prepare import prepare
 
     run, _ = config.load(args.recipe, args.overrides)
     for source in run.data.sources:
         if not source.text:
             raise ValueError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
-        meta = prepare(
-            list(source.text),
-            run.tokenizer.path,
-            source.prepared,
-            val_fraction=run.data.val_fraction,
-            document=source.document,
-            text_field=source.text_field,
-            eos_token=run.tokenizer.special_tokens.get("eos"),
-            force=args.force,
-        )
+        try:
+            meta = prepare(
+                list(source.text),
+                run.tokenizer.path,
+                source.prepared,
+                val_fraction=run.data.val_fraction,
+                document=source.document,
+                text_field=source.text_field,
+                on_invalid_utf8=run.data.on_invalid_utf8,
+                eos_token=run.tokenizer.special_tokens.get("eos"),
+                num_workers=args.workers,
+                force=args.force,
+            )
+        except InvalidUTF8Error as err:
+            raise ValueError(err.with_fix("data.on_invalid_utf8")) from None
         counts = ", ".join(
             f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items()
         )
@@ -220,12 +300,20 @@ def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     _recipe_args(p)
     p.add_argument("--force", action="store_true", help="overwrite prepared data")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="tokenizing processes (default 0: this process, with the tokenizer's threads); same output",
+    )
 
 
 def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("checkpoint", help="a .ckpt written by `pretrain fit` (or a sharded checkpoint directory)")
     g.add_argument("--prompt", default="\n", help="prompt text (encoder input for encoder-decoder models)")
-    g.add_argument("--max-new-tokens", type=int, default=100)
+    g.add_argument(
+        "--max-new-tokens", type=int, default=None, help="default: 100, or what the position table leaves"
+    )
     g.add_argument("--temperature", type=float, default=0.8)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
@@ -233,8 +321,17 @@ def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eos", default="</s>", help="stop token ('' to never stop early)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model first (see README)")
 
 
 def add_export_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("checkpoint", help="a .ckpt (or a sharded FSDP/DeepSpeed checkpoint directory)")
-    e.add_argument("out_dir", help="output directory (config.json, model.safetensors, tokenizer)")
+    e.add_argument(
+        "out_dir", help="output directory (config.json, model.safetensors, tokenizer); new or empty"
+    )
+    e.add_argument("--force", action="store_true", help="export into a non-empty directory, overwriting")
+
+
+def add_plot_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", help="run directories (holding logs/version_*/metrics.csv)")
+    p.add_argument("--out", default="curves.png", help="PNG to write (default: curves.png)")

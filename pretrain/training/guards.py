@@ -343,10 +343,11 @@ class HangGuard(Callback):
 
 
 def build_guards(run: Any) -> list[Callback]:
-    """The guards ``run.guards`` enables (a ``RunConfig``)."""
+    """The guards ``run.guards`` enables (a ``RunConfig``). Under DeepSpeed the engine owns the gradients and
+    optimizer state, so only the hang guard applies (its fp16 loss scaler skips overflowing steps itself)."""
     g = run.guards
     callbacks: list[Callback] = []
-    if g.nonfinite.enabled or g.spike.enabled:
+    if (g.nonfinite.enabled or g.spike.enabled) and run.strategy.name != "deepspeed":
         callbacks.append(StepGuard(g))
     if g.hang.enabled:
         callbacks.append(HangGuard(g.hang, run.run_dir))

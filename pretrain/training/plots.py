@@ -1,0 +1,80 @@
+"""Offline curves of a run from its CSV log (``<run_dir>/logs/version_*/metrics.csv``, Lightning's CSVLogger):
+train / val loss, learning rate and tokens/s against the optimizer step, one PNG; several runs overlay.
+
+tokens/s is measured, not logged: the throughput monitor's cumulative ``train/lengths`` (tokens) over its
+cumulative ``train/time`` (seconds), differenced between consecutive logged steps. A resumed run's versions
+are read in order and joined.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+CURVES = ("loss", "learning rate", "tokens/s")
+
+
+def metrics_files(run_dir: str | Path) -> list[Path]:
+    """The run's CSV logs in version order; FileNotFoundError naming the run when there is none."""
+    logs = Path(run_dir) / "logs"
+    files = sorted(logs.glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1]))
+    if not files:
+        raise FileNotFoundError(
+            f"{run_dir} has no CSV log ({logs}/version_*/metrics.csv); train with logger.csv=true"
+        )
+    return files
+
+
+def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """``{"train/loss", "val/loss", "train/lr", "tokens/s"}`` -> [(step, value)] from the run's CSV logs."""
+    columns = ("train/loss", "val/loss", "train/lr")
+    curves: dict[str, list[tuple[int, float]]] = {name: [] for name in (*columns, "tokens/s")}
+    clock: tuple[float, float] | None = None  # (tokens, seconds) at the previous throughput row
+    for path in metrics_files(run_dir):
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                step = int(float(row["step"]))
+                for name in columns:
+                    if row.get(name) not in (None, ""):
+                        curves[name].append((step, float(row[name])))
+                if row.get("train/lengths") not in (None, "") and row.get("train/time") not in (None, ""):
+                    tokens, seconds = float(row["train/lengths"]), float(row["train/time"])
+                    if clock is not None and seconds > clock[1] and tokens > clock[0]:
+                        curves["tokens/s"].append((step, (tokens - clock[0]) / (seconds - clock[1])))
+                    clock = (tokens, seconds)
+        clock = None  # a resumed run restarts the monitor's counters
+    return curves
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
+    """One PNG with three panels (loss, learning rate, tokens/s vs step), every run overlaid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for index, run_dir in enumerate(run_dirs):
+        curves, color, label = read_curves(run_dir), f"C{index}", Path(run_dir).name
+        for name, style in (("train/loss", "-"), ("val/loss", "o--")):
+            if curves[name]:
+                axes[0].plot(*zip(*curves[name]), style, color=color, label=f"{label} {name}", markersize=4)
+        for ax, name in ((axes[1], "train/lr"), (axes[2], "tokens/s")):
+            if curves[name]:
+                ax.plot(*zip(*curves[name]), color=color, label=label)
+    losses = [v for ax_line in axes[0].get_lines() for v in ax_line.get_ydata() if math.isfinite(v)]
+    if losses and min(losses) > 0 and max(losses) / min(losses) > 20:
+        axes[0].set_yscale("log")
+    for ax, title in zip(axes, CURVES):
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
