@@ -60,7 +60,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except OSError as err:
             if err.errno not in STORAGE_ERRNOS:
                 raise
-            if err.errno in (errno.ENOSPC, errno.EDQUOT) and _remove_stale_temporaries(path.parent):
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) and remove_partial_saves(path.parent):
                 try:
                     self._write(checkpoint, path)
                     return
@@ -97,15 +97,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
     ) -> dict:
         return read(path, map_location=map_location)
-
-
-def _remove_stale_temporaries(directory: Path) -> bool:
-    """Delete the ``.NAME.*.tmp`` files that killed writes left in ``directory``; whether any was deleted. Only
-    one process (rank 0) writes checkpoint files, and not while this runs, so none of them is in use."""
-    stale = [p for p in directory.glob(".*.tmp") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return bool(stale)
 
 
 def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
@@ -199,9 +190,11 @@ def _skip(path: Path) -> None:
 
 
 def remove_partial_saves(checkpoint_dir: str | Path) -> list[Path]:
-    """Delete the temporary files (``.<name>.<random>.tmp``) that writes killed mid-save left behind."""
+    """Delete the temporary files (``.<name>.<random>.tmp``) that writes killed mid-save left behind; the
+    deleted paths. Only one process (rank 0) writes checkpoint files, and not while this runs, so none of
+    them is in use."""
     directory = Path(checkpoint_dir)
-    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
+    stale = sorted(p for p in directory.glob(".*.tmp") if p.is_file()) if directory.is_dir() else []
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
