@@ -5,7 +5,8 @@ One attention call on q, k, v of shape (1, h, T, d_h) (batch 1, h = 4, d_h = 32)
 - sdpa:        ``F.scaled_dot_product_attention`` with the dense (1, 1, T, T) bool mask;
 - flex-dense:  compiled ``flex_attention`` with the BlockMask of the same mask (no tile is skipped);
 - flex-sparse: compiled ``flex_attention`` with window |q - k| < 256, 128 global tokens and 2 random blocks of
-               128 per query block added to the same mask (fully masked tiles skipped).
+               128 per query block added to the same mask (fully masked tiles skipped); ``--window``,
+               ``--global-tokens``, ``--random-blocks`` and ``--block-size`` change the pattern.
 Times: median of ``--repeats`` calls after a warm-up (which also compiles); masks are built outside the timing
 (a stack builds one per forward, shared by its layers). On CPU flex_attention has no backward (torch 2.13), so
 flex is timed forward-only and SDPA both forward-only and forward+backward. Peak memory: the largest rise of the
@@ -13,6 +14,7 @@ process's resident set during a call (sampled every 0.5 ms), in MiB. Printed: a 
 cost(T_max) / cost(T_min) (dense attention grows ~ (T_max / T_min)^2, a fixed per-query budget ~ T_max / T_min).
 
     python benchmarks/bench_attention.py [--lengths 1024 2048 4096 8192 16384] [--repeats 3] [--threads 2]
+                                         [--window 256] [--global-tokens 128] [--random-blocks 2] [--block-size 128]
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import torch
 from pretrain.models.attention import AttentionMask, MaskInputs, SparsePattern, attend
 
 H, DH = 4, 32
-SPARSE = SparsePattern(causal=False, window=256, global_tokens=128, random_blocks=2, block_size=128, seed=0)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -62,13 +63,13 @@ def measure(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return statistics.median(times), peak / 2**20
 
 
-def row(T: int, repeats: int) -> dict[str, tuple[float, float]]:
+def row(T: int, repeats: int, pattern: SparsePattern) -> dict[str, tuple[float, float]]:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, T, DH, generator=g) for _ in range(3))
     x = torch.zeros(1, T, 1)  # stands for the stack input: device, no gradients -> flex
     real = torch.ones(1, T, dtype=torch.bool)
     dense_inputs = MaskInputs(T, T, key_mask=real)
-    sparse_inputs = MaskInputs(T, T, key_mask=real, pattern=SPARSE)
+    sparse_inputs = MaskInputs(T, T, key_mask=real, pattern=pattern)
     sdpa = AttentionMask(dense_inputs, "sdpa", x)
     flex_dense = AttentionMask(dense_inputs, "flex", x)
     flex_sparse = AttentionMask(sparse_inputs, "flex", x)
@@ -95,16 +96,21 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--global-tokens", type=int, default=128)
+    parser.add_argument("--random-blocks", type=int, default=2)
+    parser.add_argument("--block-size", type=int, default=128)
     args = parser.parse_args()
+    pattern = SparsePattern(False, args.window, args.global_tokens, args.random_blocks, args.block_size)
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 64  # one compile per (mask, length); the default is 8
     warnings.filterwarnings("ignore", category=UserWarning)
     start = time.perf_counter()
     rows = {}
     for T in args.lengths:
-        rows[T] = row(T, args.repeats)
+        rows[T] = row(T, args.repeats, pattern)
     names = list(rows[args.lengths[0]])
-    print(f"\nattention, batch 1, h={H}, d_h={DH}, {args.threads} threads; ms (peak MiB)")
+    print(f"\nattention, batch 1, h={H}, d_h={DH}, {args.threads} threads, sparse {pattern}; ms (peak MiB)")
     print("| T | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for T, r in rows.items():

@@ -3,7 +3,8 @@
 * Training: ``pretrain fit`` (the end-to-end benchmark's ``pretrain`` contender, ``bench_end_to_end.py``)
   with ``trainer.compile=false`` and ``=true``, each in its own process: median CPU ms of a training step
   after warm-up, and the compile cost = loop CPU time minus steps x steady step time, eager's excess
-  subtracted (it includes the recompilation for validation's no-grad graph).
+  subtracted (it includes the recompilation for validation's no-grad graph); inductor's on-disk caches start
+  empty unless ``--warm-cache`` (a rerun then costs seconds).
 * Generation: ``pretrain.models.generation.generate`` (greedy, ``--new-tokens``) on the same GPT shape, batch 1
   and 8, eager vs ``model.compile(dynamic=True)`` (the cache grows every step: one dynamic graph instead of a
   recompile per length): the first call's CPU time (compile included) and the steady tokens/s of later calls.
@@ -35,6 +36,8 @@ import bench_end_to_end as e2e
 def training(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if not args.warm_cache:  # a cold compile: inductor's FX graph / autograd caches start empty
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor-cache")
         e2e.prepare_data(work)
         eager = e2e.child("pretrain", work, args)
         compiled = e2e.child("pretrain_compiled", work, args)
@@ -109,6 +112,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--skip-generation", action="store_true")
+    parser.add_argument(
+        "--warm-cache", action="store_true", help="keep inductor's on-disk cache (default: cold)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not args.skip_training:

@@ -8,7 +8,7 @@ median per-round ratio ours / peer with min..max (> 1: ours is faster), and whet
 (greedy and beam must be; sampling draws from different generators). Target: >= 1.2x in every case.
 
     python benchmarks/bench_generation.py [--rounds 5] [--new-tokens 32] [--beams 4] [--threads 1] [--clock cpu]
-                                          [--size small|124m] [--device cpu|cuda] [--json out.json]
+                                          [--size tiny|small|124m] [--device cpu|cuda] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pretrain.models.generation import generate
 from pretrain.models.hf import from_hf
 
 SIZES = {  # (layers, heads, width, vocabulary)
+    "tiny": (2, 2, 64, 512),  # gpu_check's CPU mode
     "small": (4, 4, 256, 8192),
     "124m": (12, 12, 768, 50257),
 }

@@ -13,6 +13,7 @@ single generator is also accepted; it then seeds one generator per row.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -146,10 +147,11 @@ class Objective(abc.ABC):
 
     def summarize(self, totals: Mapping[str, Tensor]) -> dict[str, float]:
         """Global ``loss``, ``accuracy`` (and ``perplexity`` for LM objectives) from ``loss_sum``,
-        ``num_targets`` and ``num_correct`` summed over micro-batches (and ranks)."""
-        n = max(float(totals["num_targets"]), 1.0)
-        loss = float(totals["loss_sum"]) / n
-        out = {"loss": loss, "accuracy": float(totals["num_correct"]) / n}
+        ``num_targets`` and ``num_correct`` summed over micro-batches (and ranks). With no target at all they are
+        undefined: NaN, never a loss of 0 that would read as a perfect model."""
+        n = float(totals["num_targets"])
+        loss = float(totals["loss_sum"]) / n if n > 0 else math.nan
+        out = {"loss": loss, "accuracy": float(totals["num_correct"]) / n if n > 0 else math.nan}
         if self.reports_perplexity:
             out["perplexity"] = float(torch.tensor(loss).exp())
         return out

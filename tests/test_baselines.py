@@ -89,28 +89,42 @@ def test_glove_recipe_fits_the_cooccurrence_matrix(corpus):
     assert len(WordVectors.load_word2vec(results["vectors"])) == results["vocabulary"]
 
 
+def unigram_perplexity(prepared: Path, vocab_size: int) -> float:
+    """Perplexity of the val split under the train split's token frequencies (add-one): what a model that
+    learned nothing but frequencies scores."""
+    from datamodules.indexed import IndexedDataset
+
+    train, val = (np.asarray(IndexedDataset(prepared / s).tokens, dtype=np.int64) for s in ("train", "val"))
+    p = (np.bincount(train, minlength=vocab_size) + 1) / (len(train) + vocab_size)
+    return float(np.exp(-np.log(p[val]).mean()))
+
+
 def test_lstm_recipe_trains_with_truncated_bptt(corpus):
     extra = [
-        "trainer.max_steps=15",
-        "trainer.val_check_interval=15",
-        "trainer.limit_val_batches=2",
+        "trainer.max_steps=60",
+        "trainer.val_check_interval=60",
+        "trainer.limit_val_batches=4",
         "data.micro_batch_size=4",
         "data.seq_len=32",
+        "optim.lr=0.01",
+        "optim.warmup_steps=5",
         "baselines.model.vocab_size=400",
         "baselines.model.d_embed=32",
         "baselines.model.d_hidden=32",
     ]
     results = run_recipe("recipes/lstm-lm-tiny.yaml", small(corpus, "lstm", *extra))
-    assert results["train_tokens"] == 15 * 4 * 32
-    assert 1 < results["val/perplexity"] < 400  # better than uniform over the vocabulary after 15 steps
+    assert results["train_tokens"] == 60 * 4 * 32
+    # it learned the token frequencies at least: near the unigram model's perplexity (about 64 here), far below
+    # uniform guessing (400); beating the unigram model takes more steps than CI affords
+    assert 1 < results["val/perplexity"] < 1.2 * unigram_perplexity(corpus / "prepared", 400)
     assert results["val/perplexity"] == pytest.approx(math.exp(results["val/loss"]), rel=1e-5)
 
 
 def test_seq2seq_attention_reverses_strings_and_saves_alignment_heatmaps(tmp_path):
     extra = [
         f"run_dir={tmp_path}",
-        "trainer.max_steps=150",
-        "trainer.val_check_interval=150",
+        "trainer.max_steps=60",
+        "trainer.val_check_interval=60",
         "trainer.limit_val_batches=2",
         "data.micro_batch_size=32",
         "baselines.model.d_embed=32",

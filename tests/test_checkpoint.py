@@ -190,3 +190,30 @@ def test_load_model_restores_weights_and_tokenizer(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
     with pytest.raises(ValueError, match="not a checkpoint written by `pretrain fit`"):
         load_model(tmp_path / "foreign.ckpt")
+
+
+def test_disk_full_frees_what_the_retention_policy_no_longer_keeps(tmp_path, monkeypatch):
+    """ENOSPC while a file the policy dropped is still on disk: it is deleted, the write retried and done.
+    With nothing to free, the error names the intact checkpoints and leaves them loadable."""
+    import errno
+
+    from pretrain.training.checkpoint import CheckpointWriteError
+
+    dropped, last = save(tmp_path / "best-step2-loss5.0000.ckpt", 2, 2), save(tmp_path / "last.ckpt", 3, 3)
+    real_save = torch.save
+
+    def full_disk_save(obj, f, *args, **kwargs):
+        if dropped.exists() or obj.get("step") == 5:  # full until `dropped` goes; step 5 never fits
+            f.write(b"\0" * 64)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    io = AtomicCheckpointIO(reclaimable=lambda: [dropped])
+    with pytest.warns(UserWarning, match="retention policy no longer keeps"):
+        io.save_checkpoint({"step": 4}, tmp_path / "best-step4-loss4.0000.ckpt")
+    assert not dropped.exists() and read(tmp_path / "best-step4-loss4.0000.ckpt")["step"] == 4
+    with pytest.raises(CheckpointWriteError, match="No space left on device.*intact.*last.ckpt") as err:
+        io.save_checkpoint({"step": 5}, last)
+    assert err.value.errno == errno.ENOSPC and read(last)["global_step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-step4-loss4.0000.ckpt", "last.ckpt"]

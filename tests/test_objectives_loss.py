@@ -78,3 +78,12 @@ def test_metrics_sum_across_batches_to_global_accuracy_and_perplexity():
     correct = (logits.argmax(-1)[target] == labels[target]).sum().item()
     assert math.isclose(summary["accuracy"], correct / target.sum().item())
     assert "perplexity" not in build("mlm").summarize(totals)
+
+
+def test_a_batch_without_targets_reports_undefined_metrics_not_a_perfect_loss():
+    """All labels ignored: the summed loss is 0 over 0 targets; the logged loss must not read as 0."""
+    logits, labels = random_batch(0, keep=0.0)
+    totals = build("clm").metrics(logits, labels)
+    assert int(totals["num_targets"]) == 0
+    summary = build("clm").summarize(totals)
+    assert all(math.isnan(summary[k]) for k in ("loss", "accuracy", "perplexity")), summary

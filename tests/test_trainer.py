@@ -161,3 +161,17 @@ def test_trainer(tmp_path, precision):
     best = [cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)]
     assert [cb.monitor for cb in best] == ["val/loss"]
     assert any(isinstance(cb, PeakThroughputMonitor) for cb in trainer.callbacks)
+
+
+def test_outside_retention_names_only_best_checkpoints_the_callback_dropped(tmp_path):
+    from types import SimpleNamespace
+
+    from pretrain.training.trainer import outside_retention
+
+    best = ModelCheckpoint(dirpath=tmp_path, filename="best-step{step}", monitor="val/loss", save_top_k=1)
+    last = ModelCheckpoint(dirpath=tmp_path, filename="last", save_top_k=0, save_last=True)
+    for name in ("best-step2.ckpt", "best-step4.ckpt", "last.ckpt", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    best.best_k_models = {str(tmp_path / "best-step4.ckpt"): 1.0}  # step 2 was the k-th best, now dropped
+    trainer = SimpleNamespace(checkpoint_callbacks=[best, last])
+    assert outside_retention(trainer) == [tmp_path / "best-step2.ckpt"]

@@ -15,6 +15,7 @@ import pickle
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes to a temporary file in the same directory, fsyncs, then ``os.replace``: a reader sees the old file or
     the complete new one, never a partial write (a crash mid-save leaves only a stray ``.tmp``).
 
-    A write that fails for lack of space deletes stale temporary files of killed writes and retries once; if it
-    still fails (or for permissions) it raises ``CheckpointWriteError`` naming the checkpoints still intact."""
+    A write that fails for lack of space deletes stale temporary files of killed writes and the files
+    ``reclaimable()`` names (checkpoints the retention policy no longer keeps, see ``trainer.outside_retention``)
+    and retries once; if it still fails (or for permissions) it raises ``CheckpointWriteError`` naming the
+    checkpoints still intact."""
+
+    def __init__(self, reclaimable: Callable[[], list[Path]] | None = None):
+        super().__init__()
+        self.reclaimable = reclaimable
+
+    def _free_space(self, directory: Path) -> bool:
+        """Delete what no policy keeps; whether anything was deleted."""
+        freed = bool(remove_partial_saves(directory))
+        for path in self.reclaimable() if self.reclaimable else []:
+            if path.is_file():
+                warnings.warn(
+                    f"disk full: deleting {path}, which the retention policy no longer keeps", stacklevel=2
+                )
+                path.unlink()
+                freed = True
+        return freed
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
@@ -60,7 +79,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except OSError as err:
             if err.errno not in STORAGE_ERRNOS:
                 raise
-            if err.errno in (errno.ENOSPC, errno.EDQUOT) and remove_partial_saves(path.parent):
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) and self._free_space(path.parent):
                 try:
                     self._write(checkpoint, path)
                     return

@@ -231,7 +231,8 @@ class PretrainModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         ds = self.run.strategy
         offload = ds.name == "deepspeed" and ds.deepspeed.offload_optimizer
-        optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload)
+        amp = self.run.trainer.precision.endswith("-mixed")
+        optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload, amp=amp)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -165,7 +165,7 @@ def build_trainer(
     t = run.trainer
     strategy = build_strategy(run, block_classes)
     k = t.accumulate_grad_batches
-    return L.Trainer(
+    trainer = L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
@@ -187,3 +187,21 @@ def build_trainer(
         use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
         default_root_dir=run.run_dir,
     )
+    if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+        trainer.strategy.checkpoint_io.reclaimable = lambda: outside_retention(trainer)
+    return trainer
+
+
+def outside_retention(trainer: L.Trainer) -> list[Path]:
+    """Checkpoint files of the best-k callbacks that they no longer keep (e.g. the k-th best, already dropped
+    from ``best_k_models`` while its replacement is being written); never a ``last`` checkpoint."""
+    out = []
+    for cb in trainer.checkpoint_callbacks:
+        if not (isinstance(cb, ModelCheckpoint) and cb.monitor and cb.dirpath and Path(cb.dirpath).is_dir()):
+            continue
+        kept = {Path(p).resolve() for p in cb.best_k_models} | {Path(cb.last_model_path).resolve()}
+        pattern = cb.filename.split("{", 1)[0] + "*" + cb.FILE_EXTENSION
+        out += [
+            p for p in Path(cb.dirpath).glob(pattern) if p.resolve() not in kept and p.name != "last.ckpt"
+        ]
+    return out
