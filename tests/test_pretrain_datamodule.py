@@ -190,7 +190,8 @@ class Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(dm, max_steps, root, ckpt_path=None, every=None) -> list[dict]:
+def fit(dm, max_steps, root, ckpt_path=None, every=None, save_end=None) -> list[dict]:
+    """Batches the training steps received; ``save_end``: where to save the state after the fit."""
     callbacks = (
         [L.pytorch.callbacks.ModelCheckpoint(root, every_n_train_steps=every, save_top_k=-1)] if every else []
     )
@@ -207,6 +208,8 @@ def fit(dm, max_steps, root, ckpt_path=None, every=None) -> list[dict]:
     )
     model = Recorder()
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    if save_end is not None:
+        trainer.save_checkpoint(save_end)
     return model.seen
 
 
@@ -328,17 +331,5 @@ def test_extending_a_finished_run_continues_the_data(prepared, tmp_path):
         return PretrainDataModule(prepared, NoisyCausal(), seq_len=SEQ_LEN, micro_batch_size=4)
 
     reference = fit(make(), 35, tmp_path / "full")  # 24 batches per epoch
-    trainer = L.Trainer(
-        max_steps=10,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
-    first = Recorder()
-    trainer.fit(first, datamodule=make())
-    trainer.save_checkpoint(tmp_path / "end.ckpt")
-    assert_same(first.seen, reference[:10])
+    assert_same(fit(make(), 10, tmp_path / "first", save_end=tmp_path / "end.ckpt"), reference[:10])
     assert_same(fit(make(), 35, tmp_path / "more", ckpt_path=tmp_path / "end.ckpt"), reference[10:])
