@@ -12,7 +12,7 @@ from training_utils import metric_by_step, read_metrics, tiny_recipe, tiny_world
 
 from pretrain import config
 from pretrain.models.transformer import Transformer
-from pretrain.training.module import STEP_TARGETS, TARGET_POSITIONS, StepGroups
+from pretrain.training.module import STEP_TARGETS, TARGET_POSITIONS, PretrainData, StepGroups
 from pretrain.training.setup import build_data, prepare_run
 from pretrain.training.trainer import build_trainer
 
@@ -107,6 +107,29 @@ def test_step_groups_tag_each_micro_batch_with_its_step_target_count():
     out = list(groups)
     assert len(groups) == len(out) == 4  # the trailing incomplete step is dropped
     assert [int(b[STEP_TARGETS]) for b in out] == [3, 3, 4, 4]
+
+
+def test_an_epochs_trailing_incomplete_step_is_skipped_by_the_data_position(tmp_path, tiny_world):  # noqa: F811
+    """5 batches per epoch, 2 per step: the position rolls over after the 4th, so the next ``iter()`` (a new
+    epoch for the loop) starts the data's next epoch instead of an empty rest of this one."""
+    run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, "gpt"))
+    objective = prepare_run(run, resolved)["datamodule"].objective
+    dm = PretrainData(
+        tiny_world["data"],
+        objective,
+        seq_len=32,
+        micro_batch_size=4,
+        samples_per_epoch=20,
+        accumulate_grad_batches=2,
+    )
+    assert dm.batches_per_epoch == 4
+    epochs = []
+    for _ in range(2):
+        epochs.append(list(dm.train_dataloader()))
+        assert len(epochs[-1]) == 4
+        dm.advance(len(epochs[-1]))
+    assert dm.state_dict()["epoch"] == 2 and dm.state_dict()["consumed_samples"] == 0
+    assert not torch.equal(epochs[0][0]["input_ids"], epochs[1][0]["input_ids"])  # another permutation
 
 
 def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_world):  # noqa: F811

@@ -69,6 +69,12 @@ class PretrainData(PretrainDataModule):
         super().__init__(*args, **kwargs)
         self.accumulate_grad_batches = accumulate_grad_batches
 
+    @property
+    def batches_per_epoch(self) -> int:
+        """Whole optimizer steps only: ``StepGroups`` drops an epoch's trailing incomplete group."""
+        k = self.accumulate_grad_batches
+        return super().batches_per_epoch // k * k
+
     def train_dataloader(self) -> StepGroups:
         return StepGroups(super().train_dataloader(), self.accumulate_grad_batches)
 
