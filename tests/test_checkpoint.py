@@ -105,6 +105,38 @@ def test_find_resume_falls_back_from_a_truncated_newest(tmp_path):
         assert find_resume(tmp_path) == tmp_path / "step4.ckpt"
 
 
+def test_find_resume_picks_the_highest_step_not_the_newest_write(tmp_path):
+    """A DeepSpeed directory keeps the modification time of its first save; Lightning's HPC checkpoints (in
+    the run directory) are candidates; a sharded directory without its metadata is a partial save."""
+    checkpoints = tmp_path / "checkpoints"
+    deepspeed = checkpoints / "last.ckpt"  # the layout of Lightning's DeepSpeedStrategy.save_checkpoint
+    (deepspeed / "checkpoint").mkdir(parents=True)
+    torch.save({"global_step": 8, "module": {}}, deepspeed / "checkpoint" / "mp_rank_00_model_states.pt")
+    (deepspeed / "latest").write_text("checkpoint")
+    os.utime(deepspeed, (100, 100))
+    save(checkpoints / "best-step4.ckpt", 4, 500)
+    partial = checkpoints / "best-step9.ckpt"  # killed while its shards were written: no `latest` yet
+    (partial / "checkpoint").mkdir(parents=True)
+    with pytest.warns(UserWarning, match="best-step9.ckpt, which is truncated or corrupt"):
+        assert find_resume(checkpoints, hpc_dir=tmp_path) == deepspeed
+    hpc = save(tmp_path / "hpc_ckpt_1.ckpt", 9, 50)
+    save(tmp_path / "unrelated.ckpt", 20, 600)  # only hpc_ckpt_* of the run directory are candidates
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert find_resume(checkpoints, hpc_dir=tmp_path) == hpc
+        assert find_resume(checkpoints) == deepspeed
+
+
+def test_find_resume_reads_the_step_of_an_fsdp_sharded_directory(tmp_path):
+    sharded = tmp_path / "last.ckpt"
+    sharded.mkdir()
+    AtomicCheckpointIO().save_checkpoint(lightning_like(7), sharded / METADATA)
+    (sharded / ".metadata").write_bytes(b"")
+    os.utime(sharded, (100, 100))
+    save(tmp_path / "best-step3.ckpt", 3, 500)
+    assert find_resume(tmp_path) == sharded
+
+
 def test_find_resume_with_no_valid_checkpoint_is_an_error(tmp_path):
     truncate(save(tmp_path / "last.ckpt", 1, 1))
     with warnings.catch_warnings():

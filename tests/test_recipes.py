@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 
 import numpy as np
@@ -92,7 +93,10 @@ def test_demo_script_runs_end_to_end(shakespeare, tmp_path):
     assert "== pretrain fit: done ==" in out.stdout and "W&B run:" in out.stdout
     assert "--- sample 0 ---\nROMEO:" in out.stdout
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
-    assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    # the offline W&B run is where our summary says (its directory; W&B's file format is not ours to read)
+    (line,) = [ln for ln in out.stdout.splitlines() if "W&B run:" in ln]
+    run_dir = (REPO_ROOT / line.rsplit(" ", 1)[1]).resolve()
+    assert "(offline)" in line and run_dir.is_dir() and run_dir.is_relative_to((tmp_path / "run").resolve())
 
 
 @pytest.mark.parametrize("recipe", ["ul2-tiny", "prefixlm-tiny"])
@@ -111,7 +115,9 @@ def test_ul2_and_prefix_lm_recipes_train(shakespeare, tmp_path, recipe):
     ]
     assert main(["fit", str(REPO_ROOT / "recipes" / f"{recipe}.yaml"), *args]) == 0
     losses = metric_by_step(read_metrics(tmp_path), "train/loss")
-    assert sorted(losses) == [0, 1, 2] and all(np.isfinite(v) for v in losses.values())
+    assert sorted(losses) == [0, 1, 2]
+    # a mean over real targets of a fresh model: near log(vocab) = 6.93 nats, never 0 (no targets) or a sum
+    assert all(0.7 * math.log(1024) < v < 1.3 * math.log(1024) for v in losses.values()), losses
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from pretrain import config
 from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.throughput import PeakThroughputMonitor
 from pretrain.training.trainer import build_loggers, build_trainer, wandb_mode
 
@@ -72,8 +73,12 @@ def test_trainer(tmp_path, precision):
     assert trainer.val_check_interval == 200  # 50 optimizer steps = 200 micro-batches
     assert trainer.max_steps == run.trainer.max_steps
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
-    checkpoints = [cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)]
-    assert [(cb.monitor, cb.save_last) for cb in checkpoints] == [(None, True), ("val/loss", None)]
+    last = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
+    assert [(cb.path, cb.every_n_steps) for cb in last] == [
+        (run.checkpoint_dir / "last.ckpt", run.checkpoint.every_n_steps)
+    ]
+    best = [cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)]
+    assert [cb.monitor for cb in best] == ["val/loss"]
     assert any(isinstance(cb, PeakThroughputMonitor) for cb in trainer.callbacks)
 
 

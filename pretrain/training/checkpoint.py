@@ -66,7 +66,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def _free_space(self, directory: Path) -> bool:
         """Delete what no policy keeps; whether anything was deleted."""
-        freed = _remove_stale_temporaries(directory)
+        freed = bool(remove_partial_saves(directory))
         for path in self.reclaimable() if self.reclaimable else []:
             if path.is_file():
                 warnings.warn(
@@ -124,15 +124,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
     ) -> dict:
         return read(path, map_location=map_location)
-
-
-def _remove_stale_temporaries(directory: Path) -> bool:
-    """Delete the ``.NAME.*.tmp`` files that killed writes left in ``directory``; whether any was deleted. Only
-    one process (rank 0) writes checkpoint files, and not while this runs, so none of them is in use."""
-    stale = [p for p in directory.glob(".*.tmp") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return bool(stale)
 
 
 def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
@@ -208,9 +199,11 @@ def is_valid(path: Path) -> bool:
     sharded directory (FSDP or DeepSpeed) with its metadata (directories are put in place only once complete)."""
     if path.is_dir():
         try:
-            kind(path)
+            found = kind(path)
         except ValueError:
             return False
+        if found == "deepspeed" and not (path / METADATA).is_file():
+            return True  # saved by Lightning's DeepSpeedStrategy itself: DeepSpeed writes `latest` last
         return is_valid(path / METADATA)
     try:
         with zipfile.ZipFile(path) as archive:
@@ -222,27 +215,71 @@ def is_valid(path: Path) -> bool:
     return True
 
 
-def find_resume(checkpoint_dir: str | Path) -> Path | None:
-    """Newest valid checkpoint in ``checkpoint_dir`` (by write time); invalid newer ones are skipped with a warning.
+def checkpoint_step(path: Path) -> int:
+    """``global_step`` of a checkpoint file, of an FSDP sharded directory (``meta.pt``) or of a DeepSpeed
+    directory (``latest`` names the tag; Lightning's state is in the tag's ``*model_states.pt``).
+    ``ValueError`` when it cannot be read."""
+    if path.is_dir() and not (path / METADATA).is_file():
+        latest = path / "latest"
+        tag = latest.read_text().strip() if latest.is_file() else ""
+        states = sorted((path / tag).glob("*model_states.pt")) if tag else []
+        if not states:
+            raise ValueError(
+                f"{path} is neither a checkpoint file nor a complete sharded checkpoint directory"
+            )
+        path = states[0]
+    elif path.is_dir():
+        path = path / METADATA
+    try:
+        return int(read(path, mmap=True)["global_step"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"checkpoint {path} records no global_step") from err
 
-    ``None`` when the directory holds no checkpoint (a fresh run).
-    """
+
+def find_resume(checkpoint_dir: str | Path, hpc_dir: str | Path | None = None) -> Path | None:
+    """The valid checkpoint of the highest global step among ``checkpoint_dir/*.ckpt`` and Lightning's
+    ``hpc_dir/hpc_ckpt_*.ckpt`` (ties: ``last.ckpt``, then the newer write). Modification times would mislead:
+    a sharded directory keeps the time of its first save. Unreadable, truncated or corrupt candidates are
+    skipped with a warning; ``None`` when there is no candidate (a fresh run)."""
     directory = Path(checkpoint_dir)
-    if not directory.is_dir():
-        return None
-    candidates = [p for p in directory.iterdir() if p.suffix == ".ckpt" and not p.name.startswith(".")]
-    for path in sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True):
+    candidates = sorted(directory.glob("[!.]*.ckpt")) if directory.is_dir() else []
+    if hpc_dir is not None and Path(hpc_dir).is_dir():
+        candidates += sorted(Path(hpc_dir).glob("hpc_ckpt_*.ckpt"))
+    ranked = []
+    for path in candidates:
+        try:
+            ranked.append(
+                (checkpoint_step(path), path.name == "last.ckpt", path.stat().st_mtime_ns, path.name, path)
+            )
+        except (ValueError, OSError):
+            _skip(path)
+    for *_, path in sorted(ranked, reverse=True):
         if is_valid(path):
             return path
-        warnings.warn(
-            f"resume=auto: skipping checkpoint {path}, which is truncated or corrupt; falling back to an older one",
-            stacklevel=2,
-        )
+        _skip(path)
     if candidates:
         raise ValueError(
             f"resume=auto: no valid checkpoint among {sorted(p.name for p in candidates)} in {directory}"
         )
     return None
+
+
+def _skip(path: Path) -> None:
+    warnings.warn(
+        f"resume=auto: skipping checkpoint {path}, which is truncated or corrupt; falling back to an older one",
+        stacklevel=3,
+    )
+
+
+def remove_partial_saves(checkpoint_dir: str | Path) -> list[Path]:
+    """Delete the temporary files (``.<name>.<random>.tmp``) that writes killed mid-save left behind; the
+    deleted paths. Only one process (rank 0) writes checkpoint files, and not while this runs, so none of
+    them is in use."""
+    directory = Path(checkpoint_dir)
+    stale = sorted(p for p in directory.glob(".*.tmp") if p.is_file()) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def payload(path: str | Path) -> dict[str, Any]:

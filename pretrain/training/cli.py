@@ -6,7 +6,9 @@ Each verb is ``add_<verb>_arguments(parser)`` plus ``cmd_<verb>(args) -> exit st
 from __future__ import annotations
 
 import argparse
+import shlex
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from pretrain.training.setup import prepare_run
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from pretrain.models.transformer import Block
+    from pretrain.training.preemption import Interrupted
     from pretrain.training.trainer import build_trainer
 
     run, resolved = config.load(args.recipe, args.overrides)
@@ -32,11 +35,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
     module = parts["module"]
     trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
-    trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=parts["ckpt"], weights_only=True)
-    last = run.checkpoint_dir / "last.ckpt"
-    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever the checkpoint interval
+    try:
+        with warnings.catch_warnings():
+            # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
+            # position exactly (datamodules/pretrain.py), so its warning on every mid-epoch resume is wrong here.
+            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch")
+            trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=parts["ckpt"], weights_only=True)
+    except Interrupted as stop:
+        if trainer.is_global_zero:
+            again = [args.recipe, *(o for o in args.overrides if not o.startswith("resume=")), "resume=auto"]
+            command = " ".join(["pretrain fit", *map(shlex.quote, again)])
+            print(f"\n== pretrain fit: {stop} ==\n  continue with: {command}")
+        return stop.exit_status
+    last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
-        _summary(trainer, run, module, last)
+        _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
         if run.logger.csv:
             from pretrain.training.plots import plot_runs
 

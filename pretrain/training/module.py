@@ -70,6 +70,12 @@ class PretrainData(PretrainDataModule):
         super().__init__(*args, **kwargs)
         self.accumulate_grad_batches = accumulate_grad_batches
 
+    @property
+    def batches_per_epoch(self) -> int:
+        """Whole optimizer steps only: ``StepGroups`` drops an epoch's trailing incomplete group."""
+        k = self.accumulate_grad_batches
+        return super().batches_per_epoch // k * k
+
     def train_dataloader(self) -> StepGroups:
         return StepGroups(super().train_dataloader(), self.accumulate_grad_batches)
 
@@ -229,7 +235,8 @@ class PretrainModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> dict[str, Any]:
         offload = optimizer_offloaded(self.run)
-        optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload)
+        amp = self.run.trainer.precision.endswith("-mixed")
+        optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload, amp=amp)
         self.decayed_tensors = sum(len(g["params"]) for g in optimizer.param_groups if g["weight_decay"] > 0)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -15,6 +15,7 @@ from torch import nn
 from pretrain.config import RunConfig
 from pretrain.training.checkpoint import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
+from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
 
@@ -59,18 +60,12 @@ def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None
 
 
 def build_callbacks(run: RunConfig) -> list[Callback]:
-    """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, the best k by validation loss, throughput/MFU,
-    the guards of ``run.guards``."""
+    """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
+    validation loss; throughput/MFU; the guards of ``run.guards``."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
-        ModelCheckpoint(
-            dirpath=directory,
-            filename="last",
-            save_top_k=0,
-            save_last=True,
-            every_n_train_steps=run.checkpoint.every_n_steps,
-        ),
+        LastCheckpoint(directory / "last.ckpt", run.checkpoint.every_n_steps),
         PeakThroughputMonitor(
             batch_size_fn=lambda batch: batch["input_ids"].shape[0],
             length_fn=lambda batch: batch["input_ids"].numel(),
