@@ -248,9 +248,8 @@ class ResumableSampler(ShardedSampler):
         self.epoch, self.consumed_samples = epoch + 1, 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Move to ``epoch`` from its start; the current epoch keeps its position (resume)."""
-        if epoch != self.epoch:
-            self.epoch, self.consumed_samples = epoch, 0
+        """No-op: the position is ``load_state_dict``'s, not the epoch number of the loop calling this
+        (Lightning's runs one ahead of the data after a finished run is extended)."""
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "consumed_samples": self.consumed_samples}

@@ -18,16 +18,17 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from datamodules.special_tokens import special_token_id
 
@@ -118,6 +119,46 @@ def _template(tokenizer: Tokenizer, pair: bool, template: str | None, overrides:
     if pair:  # TemplateProcessing requires a single-sequence form too; pair data never uses it
         return TemplateProcessing(single="$A", pair=template, special_tokens=specials)
     return TemplateProcessing(single=template, special_tokens=specials)
+
+
+class ShardSampler(Sampler[int]):
+    """Positions ``rank, rank + W, ...`` of ``size`` in order: every example evaluated once over the W ranks
+    (DistributedSampler would pad with repeats)."""
+
+    def __init__(self, size: int, rank: int, world_size: int):
+        self.indices = range(rank, size, world_size)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+
+def data_parallel_loader(
+    datamodule: L.LightningDataModule, examples: list, shuffle: bool, collate: Any
+) -> DataLoader:
+    """Batches of ``datamodule.micro_batch_size`` for this data-parallel rank (the trainer's, else rank 0 of 1).
+
+    Training (``shuffle``): a permutation seeded by ``(seed, epoch)`` (``DistributedSampler``; Lightning calls
+    ``set_epoch``), rank r reading its positions r, r + W, ...: global batch t of W ranks with micro-batch b holds
+    the examples of batch t of one rank with batch W b. Evaluation: file order, each example once
+    (``ShardSampler``). Use with ``Trainer(use_distributed_sampler=False)``."""
+    trainer = datamodule.trainer
+    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    if shuffle:
+        sampler: Sampler[int] = DistributedSampler(
+            examples, num_replicas=world, rank=rank, shuffle=True, seed=datamodule.seed, drop_last=True
+        )
+    else:
+        sampler = ShardSampler(len(examples), rank, world)
+    return DataLoader(
+        examples,
+        batch_size=datamodule.micro_batch_size,
+        sampler=sampler,
+        num_workers=datamodule.num_workers,
+        collate_fn=collate,
+    )
 
 
 class PaddingCollate:
@@ -263,17 +304,11 @@ class FinetuneDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.examples:
             self.setup("fit")
-        return DataLoader(
-            self.examples[split],
-            batch_size=self.micro_batch_size,
-            shuffle=shuffle,
-            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
-            num_workers=self.num_workers,
-            collate_fn=PaddingCollate(self.pad_id, self.format.regression),
-        )
+        collate = PaddingCollate(self.pad_id, self.format.regression)
+        return data_parallel_loader(self, self.examples[split], shuffle, collate)
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled by ``seed`` (under DDP Lightning substitutes its DistributedSampler)."""
+        """Shuffled by ``seed`` and sharded over the data-parallel ranks (see ``data_parallel_loader``)."""
         return self._loader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader | list:

@@ -12,8 +12,11 @@ Resume (exact, mid-epoch, any ``num_workers``): the state is ``(seed, epoch, con
 workers run ahead (prefetching), so the count is advanced in ``on_after_batch_transfer`` -- which Lightning
 calls for every training batch right before ``training_step`` -- not by the sampler. Lightning 2.x stores
 ``LightningDataModule.state_dict()`` in every checkpoint (``CheckpointConnector.dump_checkpoint``) and calls
-``load_state_dict`` on ``fit(ckpt_path=...)`` before it builds the dataloaders, so ``train_dataloader()``
-starts at exactly the next sample. Loops driven by hand call ``advance()`` once per batch they consume.
+``load_state_dict`` on ``fit(ckpt_path=...)`` before it builds the dataloaders. Every ``iter()`` of the
+training loader starts at that received position, and the data's epoch never follows the loop's epoch
+number: Lightning counts an epoch cut short by ``max_steps`` or a stop request as finished, so a finished run
+resumed with a larger ``max_steps`` counts one epoch more than its data has used (the data's count is the
+one that holds). Loops driven by hand call ``advance()`` once per batch they consume.
 Notes: this datamodule's ``on_after_batch_transfer`` takes precedence over a LightningModule's (Lightning's
 rule); Lightning's warning "resuming from a checkpoint that ended before the epoch ended and your dataloader
 is not resumable" does not apply here (it looks for a stateful DataLoader, not for the datamodule's state).
@@ -78,6 +81,22 @@ class ObjectiveCollate:
         epochs, positions = np.divmod([s.index for s in samples], self.epoch_size)
         seeds = sample_seeds(self.seed, self.stream, epochs, positions)
         return self.objective(tokens, [torch.Generator().manual_seed(int(seed)) for seed in seeds])
+
+
+class ReceivedPositionLoader(DataLoader):
+    """A training ``DataLoader`` whose every ``iter()`` starts its ``ResumableSampler`` at
+    ``(position.epoch, position.consumed_samples)``: what the training loop has received, not what the sampler
+    or the workers read ahead, nor the epoch number of the loop driving it (see the module docstring)."""
+
+    def __init__(self, *args: Any, position: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.position = position
+
+    def __iter__(self) -> Any:
+        self.sampler.load_state_dict(
+            {"epoch": self.position.epoch, "consumed_samples": self.position.consumed_samples}
+        )
+        return super().__iter__()
 
 
 class PretrainDataModule(L.LightningDataModule):
@@ -224,8 +243,11 @@ class PretrainDataModule(L.LightningDataModule):
         assert self.train_set is not None
         return self.train_set
 
-    def _loader(self, dataset: BlendedDataset, sampler: ShardedSampler, split: str) -> DataLoader:
-        return DataLoader(
+    def _loader(
+        self, dataset: BlendedDataset, sampler: ShardedSampler, split: str, position: Any = None
+    ) -> DataLoader:
+        loader = DataLoader if position is None else ReceivedPositionLoader
+        return loader(
             dataset,
             batch_size=self.micro_batch_size,
             sampler=sampler,
@@ -233,20 +255,17 @@ class PretrainDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             collate_fn=ObjectiveCollate(self.objective, self.seed, dataset.epoch_size, split),
             pin_memory=torch.cuda.is_available(),
+            **({} if position is None else {"position": position}),
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Starts at the next sample the training loop has not received (``epoch``, ``consumed_samples``)."""
+        """Each ``iter()`` starts at the next sample the training loop has not received (``epoch``,
+        ``consumed_samples``)."""
         train = self._train()
         sampler = ResumableSampler(
-            train.epoch_size,
-            self.micro_batch_size,
-            rank=self.rank,
-            world_size=self.world_size,
-            epoch=self.epoch,
-            consumed_samples=self.consumed_samples,
+            train.epoch_size, self.micro_batch_size, rank=self.rank, world_size=self.world_size
         )
-        return self._loader(train, sampler, TRAIN)
+        return self._loader(train, sampler, TRAIN, position=self)
 
     def val_dataloader(self) -> DataLoader | list:
         """Fixed-order validation batches (an empty list when ``val_batches == 0``)."""
@@ -261,14 +280,9 @@ class PretrainDataModule(L.LightningDataModule):
         return self._loader(self.val_set, sampler, VAL)
 
     # --- resume ---------------------------------------------------------------------------------------
-    def advance(self, num_batches: int = 1, epoch: int | None = None) -> None:
-        """Record that the training loop received ``num_batches`` more batches (on every rank).
-
-        ``epoch``: the loop's current epoch, if known; a newer one restarts the count (an epoch cut short,
-        e.g. by ``limit_train_batches``). The count rolls over to the next epoch when an epoch is complete.
-        """
-        if epoch is not None and epoch != self.epoch:
-            self.epoch, self.consumed_samples = epoch, 0
+    def advance(self, num_batches: int = 1) -> None:
+        """Record that the training loop received ``num_batches`` more batches (on every rank); the count
+        rolls over to the next epoch when an epoch is complete."""
         per_epoch = self.batches_per_epoch * self.global_batch_size
         for _ in range(num_batches):
             self.consumed_samples += self.global_batch_size
@@ -278,7 +292,7 @@ class PretrainDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning hook, called once per batch right before ``training_step``: count training batches."""
         if self.trainer is not None and self.trainer.training:
-            self.advance(epoch=self.trainer.current_epoch)
+            self.advance()
         return batch
 
     def state_dict(self) -> dict[str, int]:

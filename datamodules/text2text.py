@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from datamodules.finetune import read_table, task_format
+from datamodules.finetune import data_parallel_loader, read_table, task_format
 
 IGNORE_INDEX = -100
 
@@ -182,14 +182,7 @@ class Text2TextDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.examples:
             self.setup("fit")
-        return DataLoader(
-            self.examples[split],
-            batch_size=self.micro_batch_size,
-            shuffle=shuffle,
-            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
-            num_workers=self.num_workers,
-            collate_fn=self.collate,
-        )
+        return data_parallel_loader(self, self.examples[split], shuffle, self.collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

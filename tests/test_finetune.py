@@ -346,3 +346,38 @@ def test_command_line(capsys):
     assert cli_main(["finetune", "recipes/finetune-sst2-minilm.yaml", "trainer.max_stepz=1"]) == 2
     assert "did you mean max_steps" in capsys.readouterr().err
     assert cli_main(["finetune", "recipes/finetune-nope.yaml"]) == 2
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_give_the_metrics_of_one_rank_with_twice_the_batch(files, tmp_path):
+    """`pretrain finetune` on 2 gloo ranks (micro-batch 8 each) vs 1 process (16): the same examples per step,
+    so the same training losses and, evaluated over the ranks' shards of the dev file, the same metrics."""
+    import json
+    import sys
+
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from training_utils import Background, metric_by_step, read_metrics
+
+    model = BERT | {"dropout": 0.0, "attn_dropout": 0.0}
+    runs = {}
+    for name, devices, micro in (("one", 1, 16), ("two", 2, 8)):
+        cfg = raw(
+            files,
+            tmp_path / name,
+            model,
+            save=False,
+            data={"micro_batch_size": micro},
+            trainer={"max_steps": 6, "devices": devices, "log_every_n_steps": 1},
+            strategy={"name": "ddp", "ddp": {"process_group_backend": "gloo"}} if devices > 1 else {},
+        )
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        runs[name] = Background("finetune", str(tmp_path / f"{name}.yaml"), log=tmp_path / f"{name}.log")
+    for run_ in runs.values():
+        run_.wait()
+    results = {name: json.loads((tmp_path / name / "run/results.json").read_text()) for name in runs}
+    assert results["one"]["steps"] == results["two"]["steps"] == 6
+    assert results["two"]["val"] == pytest.approx(results["one"]["val"], rel=1e-5)
+    losses = {name: metric_by_step(read_metrics(tmp_path / name / "run"), "train/loss") for name in runs}
+    assert len(losses["one"]) == 6 and losses["two"] == pytest.approx(losses["one"], rel=1e-5)

@@ -190,7 +190,8 @@ class Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(dm, max_steps, root, ckpt_path=None, every=None) -> list[dict]:
+def fit(dm, max_steps, root, ckpt_path=None, every=None, save_end=None) -> list[dict]:
+    """Batches the training steps received; ``save_end``: where to save the state after the fit."""
     callbacks = (
         [L.pytorch.callbacks.ModelCheckpoint(root, every_n_train_steps=every, save_top_k=-1)] if every else []
     )
@@ -207,6 +208,8 @@ def fit(dm, max_steps, root, ckpt_path=None, every=None) -> list[dict]:
     )
     model = Recorder()
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    if save_end is not None:
+        trainer.save_checkpoint(save_end)
     return model.seen
 
 
@@ -318,3 +321,15 @@ def test_end_to_end_from_prepare_on_the_shipped_corpus(tmp_path, shipped_corpus)
     eos = meta["eos_id"]
     texts = [tokenizer.decode(list(doc)) for end, doc in itertools.groupby(val_row, eos.__eq__) if not end]
     assert len(texts) > 1 and all(t in shipped_corpus.read_text() for t in texts)
+
+
+def test_extending_a_finished_run_continues_the_data(prepared, tmp_path):
+    """The end-of-fit checkpoint (Lightning counts the cut-short epoch as finished, the data is mid-epoch)
+    resumed with a larger ``max_steps`` continues the data exactly, through the next epoch boundary."""
+
+    def make():
+        return PretrainDataModule(prepared, NoisyCausal(), seq_len=SEQ_LEN, micro_batch_size=4)
+
+    reference = fit(make(), 35, tmp_path / "full")  # 24 batches per epoch
+    assert_same(fit(make(), 10, tmp_path / "first", save_end=tmp_path / "end.ckpt"), reference[:10])
+    assert_same(fit(make(), 35, tmp_path / "more", ckpt_path=tmp_path / "end.ckpt"), reference[10:])

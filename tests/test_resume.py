@@ -4,12 +4,15 @@ a truncated newest checkpoint falls back to the previous one; the W&B run keeps 
 from __future__ import annotations
 
 import random
+import signal
 
 import pytest
 import torch
 from training_utils import (  # noqa: F401
     Background,
     fit_and_kill,
+    fit_and_signal,
+    launch_losses,
     metric_by_step,
     model_weights,
     read_metrics,
@@ -116,3 +119,46 @@ def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_pa
     assert "last.ckpt, which is truncated or corrupt" in out.stderr
     assert "steps: 4" in out.stdout
     assert_same_weights(reference, model_weights(checkpoints / "last.ckpt"))  # steps 3-4 redone identically
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2])
+def test_extended_then_preempted_run_equals_one_uninterrupted_run(tmp_path, tiny_world, devices):  # noqa: F811
+    """A finished 4-step run extended to 16 steps (its end-of-fit checkpoint is mid-epoch) continues the data;
+    SIGTERM mid-way (to rank 0 only under DDP: the ranks agree) saves after the step, exits 143 with a resume
+    hint, and `resume=auto` finishes. Every launch logs the uninterrupted run's losses; the weights end equal."""
+    steps = 16
+    ddp = {"strategy": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}}} if devices > 1 else {}
+    recipes = {
+        name: resume_recipe(
+            tmp_path / name,
+            tiny_world,
+            "gpt",
+            optim={"decay_steps": steps},  # the schedule does not depend on the launch's max_steps
+            trainer={"devices": devices, "max_steps": steps},
+            checkpoint={"save_top_k": 0},
+            **ddp,
+        )
+        for name in ("full", "resumed")
+    }
+    reference = Background("fit", str(recipes["full"]), log=tmp_path / "full.log")
+    run_dir = tmp_path / "resumed" / "run"
+    outputs = [run_cli("fit", str(recipes["resumed"]), "trainer.max_steps=4")]
+    step, status, output = fit_and_signal(recipes["resumed"], run_dir, 6, signal.SIGTERM, whole_group=False)
+    assert status == 128 + signal.SIGTERM, output
+    assert "stopped by SIGTERM after step" in output and "continue with: pretrain fit" in output
+    outputs.append(run_cli("fit", str(recipes["resumed"])))
+    assert f"steps: {steps}" in outputs[-1].stdout
+    reference.wait()
+    full = launch_losses(tmp_path / "full" / "run")[0]
+    launches = launch_losses(run_dir)
+    assert [min(launch) for launch in launches] == [0, 4, max(launches[1]) + 1]  # each continues the last
+    assert max(launches[1]) + 1 >= step  # saved after the step during which the signal arrived
+    for launch in launches:
+        assert launch == {s: full[s] for s in launch}
+    assert sorted(s for launch in launches for s in launch) == list(range(steps))
+    assert_same_weights(
+        model_weights(tmp_path / "full/run/checkpoints/last.ckpt"),
+        model_weights(run_dir / "checkpoints/last.ckpt"),
+    )
+    assert not any("not resumable" in out.stderr for out in outputs) and "not resumable" not in output

@@ -157,15 +157,24 @@ class Background:
             )
 
 
-def read_metrics(run_dir: Path, newest_only: bool = False) -> list[dict[str, str]]:
-    """Rows of every ``logs/version_*/metrics.csv`` of a run (one version per launch), in launch order."""
-    rows = []
+def launch_metrics(run_dir: Path) -> list[list[dict[str, str]]]:
+    """Rows of each ``logs/version_*/metrics.csv`` of a run (one version per launch), in launch order; a killed
+    launch that never flushed its file has none."""
     versions = sorted((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    for version in versions[-1:] if newest_only else versions:
-        if (version / "metrics.csv").is_file():  # a killed launch may not have flushed any
+    launches = []
+    for version in versions:
+        rows = []
+        if (version / "metrics.csv").is_file():
             with open(version / "metrics.csv", newline="") as f:
-                rows.extend(csv.DictReader(f))
-    return rows
+                rows = list(csv.DictReader(f))
+        launches.append(rows)
+    return launches
+
+
+def read_metrics(run_dir: Path, newest_only: bool = False) -> list[dict[str, str]]:
+    """Rows of every launch of a run (or of the newest one only), in launch order."""
+    launches = launch_metrics(run_dir)
+    return [row for rows in (launches[-1:] if newest_only else launches) for row in rows]
 
 
 def metric_by_step(rows: list[dict[str, str]], name: str) -> dict[int, float]:
@@ -180,13 +189,23 @@ def checkpoint_step(path: Path) -> int:
         return -1
 
 
-def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float = 600) -> int:
-    """Start ``pretrain fit recipe`` and SIGKILL its whole process group (all DDP ranks) as soon as
-    ``last.ckpt`` holds step >= ``kill_at_step``; the kill lands wherever training then is. Returns that step."""
+def fit_and_signal(
+    recipe: Path,
+    run_dir: Path,
+    at_step: int,
+    signum: int = signal.SIGKILL,
+    *overrides: str,
+    whole_group: bool = True,
+    timeout: float = 600,
+) -> tuple[int, int, str]:
+    """Start ``pretrain fit recipe *overrides`` and send ``signum`` as soon as ``last.ckpt`` holds step >=
+    ``at_step``: to its whole process group (every DDP rank) or to the launching process (rank 0) only. The
+    signal lands wherever training then is. Returns (that step, the exit status, the output)."""
     last = run_dir / "checkpoints" / "last.ckpt"
-    with open(run_dir.parent / "killed.log", "w") as log:
+    log_path = run_dir.parent / f"signalled-{signal.Signals(signum).name}.log"
+    with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            cli_command("fit", str(recipe)),
+            cli_command("fit", str(recipe), *overrides),
             cwd=REPO_ROOT,
             env=cli_env(),
             stdout=log,
@@ -197,19 +216,29 @@ def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float 
         try:
             while proc.poll() is None and time.monotonic() < deadline:
                 step = checkpoint_step(last)
-                if step >= kill_at_step:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return step
+                if step >= at_step:
+                    (os.killpg if whole_group else os.kill)(proc.pid, signum)
+                    status = proc.wait(max(1.0, deadline - time.monotonic()))
+                    return step, status, log_path.read_text()
                 time.sleep(0.02)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     raise AssertionError(
-        f"the run ended (status {proc.returncode}) before step {kill_at_step} could be killed; "
-        f"see {run_dir.parent / 'killed.log'}"
+        f"the run ended (status {proc.returncode}) before step {at_step} could be signalled; see {log_path}"
     )
+
+
+def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float = 600) -> int:
+    """SIGKILL every rank of ``pretrain fit recipe`` once ``last.ckpt`` holds step >= ``kill_at_step``;
+    returns that step."""
+    return fit_and_signal(recipe, run_dir, kill_at_step, timeout=timeout)[0]
+
+
+def launch_losses(run_dir: Path) -> list[dict[int, float]]:
+    """``train/loss`` by step of each launch of a run, in launch order."""
+    return [metric_by_step(rows, "train/loss") for rows in launch_metrics(run_dir)]
 
 
 def model_weights(checkpoint: Path) -> dict:
@@ -238,3 +267,44 @@ def wandb_records(run_file: Path) -> list:
             records.append(record)
             chunks = []
     return records
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: Path, *args: str, world_size: int = 2, log_dir: Path, timeout: float = 900) -> None:
+    """Run ``python script *args`` as ``world_size`` ranks of one process group on this machine (the variables
+    torchrun sets; Lightning then creates no processes itself). Fails with the logs of every rank."""
+    env = cli_env(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size), NODE_RANK="0"
+    )
+    procs = []
+    for rank in range(world_size):
+        with open(log_dir / f"rank{rank}.log", "w") as log:  # the child keeps its own handle
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), *args],
+                    cwd=REPO_ROOT,
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        logs = "\n".join(
+            f"--- rank {r} ---\n{(log_dir / f'rank{r}.log').read_text()[-4000:]}" for r in range(world_size)
+        )
+        raise AssertionError(f"{script.name} exited {codes}:\n{logs}")

@@ -25,6 +25,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(dataclasses.asdict(cfg)), end="")
         return 0
     results = run(cfg)
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if rank_zero_only.rank != 0:  # the other data-parallel ranks
+        return 0
     print("\n== pretrain finetune: done ==")
     print(f"  steps: {results['steps']} in {results['train_seconds']} s")
     for name, value in sorted(results.get("val", {}).items()):

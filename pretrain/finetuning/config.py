@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pretrain.config import CONFIG_DIR, OptimConfig, compose, structured
+from pretrain.config.run import DDPConfig
 from pretrain.models.config import ModelConfig
 
 FINETUNE_CONFIGS = CONFIG_DIR / "finetune"
@@ -88,12 +89,23 @@ class FinetuneTrainerConfig:
     max_steps: int = 1000
     max_time_minutes: float | None = None  # wall-clock budget for training (then the final evaluation runs)
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
+    devices: int = 1  # data-parallel processes per node (data.micro_batch_size each)
+    num_nodes: int = 1
     precision: str = "32-true"
     gradient_clip_val: float | None = 1.0
     val_check_interval: int = 200  # optimizer steps between (possibly partial) validations
     limit_val_batches: int | None = None  # during training; the final evaluation always reads the whole file
     log_every_n_steps: int = 10
     progress_bar: bool = True
+
+
+@dataclass
+class FinetuneStrategyConfig:
+    """How ``trainer.devices`` x ``trainer.num_nodes`` processes train: ``auto`` (DDP when there are several)
+    or ``ddp`` with its options (``process_group_backend``: nccl on GPUs, gloo on the CPU by default)."""
+
+    name: Literal["auto", "ddp"] = "auto"
+    ddp: DDPConfig = field(default_factory=DDPConfig)
 
 
 @dataclass
@@ -110,6 +122,7 @@ class FinetuneConfig:
     )
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: FinetuneTrainerConfig = field(default_factory=FinetuneTrainerConfig)
+    strategy: FinetuneStrategyConfig = field(default_factory=FinetuneStrategyConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     save: bool = True  # write <run_dir>/finetuned.pt (weights, config, tokenizer, label names)
 
@@ -138,7 +151,7 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
             f"head.kind={cfg.head.kind!r} has no file datamodule in `pretrain finetune` yet (GLUE files are "
             "sentence-level); use pretrain.models.heads.TaskModel with FinetuneModule from Python"
         )
-    for name in ("max_steps", "val_check_interval", "log_every_n_steps"):
+    for name in ("max_steps", "val_check_interval", "log_every_n_steps", "devices", "num_nodes"):
         if getattr(cfg.trainer, name) < 1:
             raise ValueError(f"trainer.{name} must be >= 1, got {getattr(cfg.trainer, name)}")
     if cfg.freeze.layers < 0:

@@ -59,7 +59,8 @@ class FinetuneModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss, _, _ = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        # equal micro-batches on every rank: the mean over ranks is the global batch's loss
+        self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
         return loss
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -101,23 +102,32 @@ class Text2TextModule(L.LightningModule):
         self.hypotheses: list[str] = []
         self.references: list[str] = []
 
-    def _loss(self, batch: dict[str, Any]) -> Tensor:
+    def _loss_sum(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """(summed target-token cross-entropy, number of target tokens)."""
         logits = self.model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
             decoder_input_ids=batch["decoder_input_ids"],
         ).logits
-        return F.cross_entropy(
-            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
+        labels = batch["labels"].flatten()
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"
         )
+        return loss, (labels != IGNORE_INDEX).sum()
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        return loss
+        """The mean over the target tokens of all data-parallel ranks: each rank's sum over the global count,
+        times W (data-parallel gradient averaging divides by W)."""
+        loss_sum, count = self._loss_sum(batch)
+        world = self.trainer.world_size
+        total = self.trainer.strategy.reduce(count.float(), reduce_op="sum") if world > 1 else count
+        loss = loss_sum / total.clamp_min(1)
+        self.log("train/loss", loss.detach(), prog_bar=True, reduce_fx="sum", sync_dist=world > 1)
+        return loss * world
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self.val_loss.update(self._loss(batch), weight=int((batch["labels"] != IGNORE_INDEX).sum()))
+        loss_sum, count = self._loss_sum(batch)
+        self.val_loss.update(loss_sum / count.clamp_min(1), weight=int(count))
         tokens = decode_targets(self.model, batch, self.cfg.decoding, self.eos_id, self.pad_id)
         self.hypotheses += [
             t.strip() for t in self.tokenizer.decode_batch(tokens.tolist(), skip_special_tokens=True)
@@ -126,6 +136,11 @@ class Text2TextModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         values = {"val/loss": self.val_loss.compute()}
+        if self.trainer.world_size > 1:  # every rank decoded its shard of the file
+            shards: list[Any] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(shards, (self.hypotheses, self.references))
+            self.hypotheses = [h for hypotheses, _ in shards for h in hypotheses]
+            self.references = [r for _, references in shards for r in references]
         pairs = list(zip(self.hypotheses, self.references, strict=True))
         if "accuracy" in self.metric_names:
             values["val/accuracy"] = torch.tensor(sum(h == r for h, r in pairs) / max(len(pairs), 1))

@@ -21,12 +21,12 @@ from pretrain.models.heads import TaskModel
 
 def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
     """Backbone, tokenizer, datamodule (read and checked) and LightningModule; every input error surfaces here."""
+    L.seed_everything(cfg.seed, verbose=False)  # before a randomly initialised backbone is built
     backbone, tokenizer, roles = load_backbone(cfg.init)
     roles = roles | dict(cfg.data.special_tokens)
     datamodule = build_datamodule(cfg, tokenizer, backbone.config.arch, roles)
     datamodule.setup("fit")
     freeze(backbone, cfg.freeze.embeddings, cfg.freeze.layers)
-    L.seed_everything(cfg.seed, verbose=False)
     if cfg.head.kind == "text2text":
         from datamodules.special_tokens import special_token_id
 
@@ -50,14 +50,14 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     parts = build_parts(cfg)
     module, datamodule = parts["module"], parts["datamodule"]
     t = cfg.trainer
-    common = {
-        "accelerator": t.accelerator,
-        "devices": 1,
-        "precision": t.precision,
-        "enable_model_summary": False,
-    }
     trainer = L.Trainer(
-        **common,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=build_strategy(cfg),
+        use_distributed_sampler=False,  # the datamodules shard by rank (datamodules.finetune.data_parallel_loader)
+        precision=t.precision,
+        enable_model_summary=False,
         max_steps=t.max_steps,
         max_epochs=-1,
         max_time=timedelta(minutes=t.max_time_minutes) if t.max_time_minutes else None,
@@ -80,13 +80,28 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         "steps": trainer.global_step,
         "train_seconds": round(train_seconds, 1),
     }
-    if datamodule.val_dataloader():
-        evaluator = L.Trainer(**common, logger=False, enable_progress_bar=False, enable_checkpointing=False)
-        metrics = evaluator.validate(module, datamodule=datamodule, verbose=False)[0]
+    if datamodule.val_dataloader():  # the whole file, each example once over the ranks
+        trainer.limit_val_batches = 1.0
+        metrics = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
         results["val"] = {k.removeprefix("val/"): float(v) for k, v in metrics.items()}
-    out = Path(cfg.run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.save:
-        save_finetuned(out / "finetuned.pt", cfg, module, parts["tokenizer"], parts["label_names"])
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if trainer.is_global_zero:
+        out = Path(cfg.run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if cfg.save:
+            save_finetuned(out / "finetuned.pt", cfg, module, parts["tokenizer"], parts["label_names"])
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def build_strategy(cfg: FinetuneConfig) -> Any:
+    """``auto`` or Lightning's ``DDPStrategy`` from ``cfg.strategy``."""
+    s = cfg.strategy
+    if s.name == "auto":
+        return "auto"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return DDPStrategy(
+        find_unused_parameters=s.ddp.find_unused_parameters,
+        static_graph=s.ddp.static_graph,
+        process_group_backend=s.ddp.process_group_backend,
+    )

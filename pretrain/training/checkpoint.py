@@ -9,13 +9,18 @@ the tokens seen. Dropout randomness is a function of (seed, optimizer step, micr
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import pickle
+import secrets
+import shutil
+import sys
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +32,12 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
-FSDP_METADATA = (
-    "meta.pt"  # Lightning's FSDP sharded layout: <dir>/meta.pt + torch.distributed.checkpoint shards
-)
+# A sharded checkpoint is a directory holding METADATA (the Lightning checkpoint without weights and optimizer
+# state, ``torch.load(weights_only=True)``-able) and either torch.distributed.checkpoint shards (FSDP: DCP's
+# ``.metadata`` + ``__<rank>_0.distcp``) or DeepSpeed's layout (``latest`` naming the tag directory).
+METADATA = "meta.pt"
+DCP_METADATA = ".metadata"
+DEEPSPEED_LATEST = "latest"
 
 
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
@@ -58,7 +66,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def _free_space(self, directory: Path) -> bool:
         """Delete what no policy keeps; whether anything was deleted."""
-        freed = _remove_stale_temporaries(directory)
+        freed = bool(remove_partial_saves(directory))
         for path in self.reclaimable() if self.reclaimable else []:
             if path.is_file():
                 warnings.warn(
@@ -118,15 +126,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read(path, map_location=map_location)
 
 
-def _remove_stale_temporaries(directory: Path) -> bool:
-    """Delete the ``.NAME.*.tmp`` files that killed writes left in ``directory``; whether any was deleted. Only
-    one process (rank 0) writes checkpoint files, and not while this runs, so none of them is in use."""
-    stale = [p for p in directory.glob(".*.tmp") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return bool(stale)
-
-
 def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
     """``torch.load(weights_only=True)`` of a single-file checkpoint, with a clear error when it is unreadable."""
     path = Path(path)
@@ -144,13 +143,68 @@ def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> 
         raise ValueError(f"checkpoint {path} is unreadable (truncated, corrupt or not a checkpoint)") from err
 
 
+def _rename_exchange(src: Path, dst: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return libc.renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_exchange) == 0
+
+
+def replace_path(src: Path, dst: Path) -> None:
+    """Move the complete ``src`` (file or directory) to ``dst``, replacing whatever is there in one atomic step
+    (an exchange of the two names, then the old one is deleted); a reader never sees a partial checkpoint."""
+    if dst.exists() and _rename_exchange(src, dst):
+        old = src
+    elif dst.exists():  # no atomic exchange on this platform: two renames, the old copy kept until the second
+        old = dst.with_name(f".{dst.name}.old-{secrets.token_hex(4)}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+    else:
+        os.replace(src, dst)
+        return
+    shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+@contextmanager
+def atomic_directory(path: str | Path, strategy: Any) -> Iterator[Path]:
+    """A temporary sibling directory for every rank of ``strategy`` to write a sharded checkpoint into; once all
+    ranks are done, rank 0 puts it in place of ``path`` with :func:`replace_path`."""
+    path = Path(strategy.broadcast(str(path)))
+    tmp = path.with_name(f".{path.name}.tmp-{strategy.broadcast(secrets.token_hex(4))}")
+    yield tmp
+    strategy.barrier()
+    if strategy.is_global_zero:
+        replace_path(tmp, path)
+    strategy.barrier()
+
+
+def kind(path: str | Path) -> str:
+    """``"file"``, ``"fsdp"`` (DCP shards) or ``"deepspeed"`` (a ZeRO directory); ``ValueError`` otherwise."""
+    path = Path(path)
+    if path.is_file():
+        return "file"
+    if (path / DCP_METADATA).is_file():
+        return "fsdp"
+    if (path / DEEPSPEED_LATEST).is_file():
+        return "deepspeed"
+    raise ValueError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
+
+
 def is_valid(path: Path) -> bool:
     """A complete checkpoint: a file whose zip archive passes its CRC checks and that unpickles safely, or a
-    sharded directory (FSDP ``meta.pt`` / DeepSpeed ``latest``) with its metadata."""
+    sharded directory (FSDP or DeepSpeed) with its metadata (directories are put in place only once complete)."""
     if path.is_dir():
-        if (path / FSDP_METADATA).is_file():
-            return is_valid(path / FSDP_METADATA) and (path / ".metadata").is_file()
-        return (path / "latest").is_file()
+        try:
+            found = kind(path)
+        except ValueError:
+            return False
+        if found == "deepspeed" and not (path / METADATA).is_file():
+            return True  # saved by Lightning's DeepSpeedStrategy itself: DeepSpeed writes `latest` last
+        return is_valid(path / METADATA)
     try:
         with zipfile.ZipFile(path) as archive:
             if archive.testzip() is not None:
@@ -161,22 +215,48 @@ def is_valid(path: Path) -> bool:
     return True
 
 
-def find_resume(checkpoint_dir: str | Path) -> Path | None:
-    """Newest valid checkpoint in ``checkpoint_dir`` (by write time); invalid newer ones are skipped with a warning.
+def checkpoint_step(path: Path) -> int:
+    """``global_step`` of a checkpoint file, of an FSDP sharded directory (``meta.pt``) or of a DeepSpeed
+    directory (``latest`` names the tag; Lightning's state is in the tag's ``*model_states.pt``).
+    ``ValueError`` when it cannot be read."""
+    if path.is_dir() and not (path / METADATA).is_file():
+        latest = path / "latest"
+        tag = latest.read_text().strip() if latest.is_file() else ""
+        states = sorted((path / tag).glob("*model_states.pt")) if tag else []
+        if not states:
+            raise ValueError(
+                f"{path} is neither a checkpoint file nor a complete sharded checkpoint directory"
+            )
+        path = states[0]
+    elif path.is_dir():
+        path = path / METADATA
+    try:
+        return int(read(path, mmap=True)["global_step"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"checkpoint {path} records no global_step") from err
 
-    ``None`` when the directory holds no checkpoint (a fresh run).
-    """
+
+def find_resume(checkpoint_dir: str | Path, hpc_dir: str | Path | None = None) -> Path | None:
+    """The valid checkpoint of the highest global step among ``checkpoint_dir/*.ckpt`` and Lightning's
+    ``hpc_dir/hpc_ckpt_*.ckpt`` (ties: ``last.ckpt``, then the newer write). Modification times would mislead:
+    a sharded directory keeps the time of its first save. Unreadable, truncated or corrupt candidates are
+    skipped with a warning; ``None`` when there is no candidate (a fresh run)."""
     directory = Path(checkpoint_dir)
-    if not directory.is_dir():
-        return None
-    candidates = [p for p in directory.iterdir() if p.suffix == ".ckpt" and not p.name.startswith(".")]
-    for path in sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True):
+    candidates = sorted(directory.glob("[!.]*.ckpt")) if directory.is_dir() else []
+    if hpc_dir is not None and Path(hpc_dir).is_dir():
+        candidates += sorted(Path(hpc_dir).glob("hpc_ckpt_*.ckpt"))
+    ranked = []
+    for path in candidates:
+        try:
+            ranked.append(
+                (checkpoint_step(path), path.name == "last.ckpt", path.stat().st_mtime_ns, path.name, path)
+            )
+        except (ValueError, OSError):
+            _skip(path)
+    for *_, path in sorted(ranked, reverse=True):
         if is_valid(path):
             return path
-        warnings.warn(
-            f"resume=auto: skipping checkpoint {path}, which is truncated or corrupt; falling back to an older one",
-            stacklevel=2,
-        )
+        _skip(path)
     if candidates:
         raise ValueError(
             f"resume=auto: no valid checkpoint among {sorted(p.name for p in candidates)} in {directory}"
@@ -184,10 +264,28 @@ def find_resume(checkpoint_dir: str | Path) -> Path | None:
     return None
 
 
+def _skip(path: Path) -> None:
+    warnings.warn(
+        f"resume=auto: skipping checkpoint {path}, which is truncated or corrupt; falling back to an older one",
+        stacklevel=3,
+    )
+
+
+def remove_partial_saves(checkpoint_dir: str | Path) -> list[Path]:
+    """Delete the temporary files (``.<name>.<random>.tmp``) that writes killed mid-save left behind; the
+    deleted paths. Only one process (rank 0) writes checkpoint files, and not while this runs, so none of
+    them is in use."""
+    directory = Path(checkpoint_dir)
+    stale = sorted(p for p in directory.glob(".*.tmp") if p.is_file()) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def payload(path: str | Path) -> dict[str, Any]:
     """Our section (config, tokenizer, W&B id, tokens seen) of a checkpoint file or sharded directory."""
     path = Path(path)
-    meta = path / FSDP_METADATA if path.is_dir() else path
+    meta = path / METADATA if path.is_dir() else path
     ckpt = read(meta, mmap=True)
     if PAYLOAD not in ckpt:
         raise ValueError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
@@ -207,31 +305,57 @@ def check_compatible(saved_config: dict[str, Any], model_config: dict[str, Any],
         )
 
 
+def optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
+    """A name-keyed optimizer state (``torch.distributed.checkpoint.state_dict``'s layout: ``state`` by parameter
+    name, groups listing names) in ``torch.optim.Optimizer.state_dict``'s layout: parameters numbered in the
+    order the groups list them."""
+    numbers: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        groups.append({**group, "params": [numbers.setdefault(n, len(numbers)) for n in group["params"]]})
+    return {"state": {numbers[n]: v for n, v in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> dict[str, Any]:
+    """Inverse of :func:`optimizer_state_by_position` for ``optimizer`` over ``model``'s parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_number: dict[int, str] = {}
+    groups = []
+    for saved, live in zip(state["param_groups"], optimizer.param_groups, strict=True):
+        by_number.update(zip(saved["params"], (names[id(p)] for p in live["params"]), strict=True))
+        groups.append({**saved, "params": [by_number[i] for i in saved["params"]]})
+    return {"state": {by_number[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
 def consolidate(path: str | Path, output: str | Path) -> Path:
-    """One-file checkpoint from a sharded one: FSDP (``torch.distributed.checkpoint`` shards + ``meta.pt``) or
-    DeepSpeed ZeRO (needs ``deepspeed``; its files are trusted pickles). A single file is returned unchanged."""
+    """One-file checkpoint from a sharded one, in the layout of a single-process run's checkpoint (it resumes a
+    run under any strategy). FSDP shards are read with ``torch.distributed.checkpoint``; DeepSpeed ZeRO
+    directories need ``deepspeed`` (its files are trusted pickles; weights only). A file is returned unchanged."""
     path, output = Path(path), Path(output)
-    if path.is_file():
+    found = kind(path)
+    if found == "file":
         return path
-    if (path / FSDP_METADATA).is_file():
+    if found == "fsdp":
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
         with tempfile.TemporaryDirectory() as tmp:
             dcp_to_torch_save(path, Path(tmp) / "full.pt")
             shards = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=True)
-        checkpoint = read(path / FSDP_METADATA)
-        checkpoint["state_dict"] = shards["model"]
-        checkpoint["optimizer_states"] = [shards[k] for k in sorted(shards) if k.startswith("optimizer_")]
+        checkpoint = read(path / METADATA)
+        checkpoint["state_dict"] = shards["state_dict"]
+        checkpoint["optimizer_states"] = [
+            optimizer_state_by_position(shards[k]) for k in sorted(shards) if k.startswith("optimizer_")
+        ]
         AtomicCheckpointIO().save_checkpoint(checkpoint, output)
         return output
-    if (path / "latest").is_file():
-        try:
-            from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-        except ModuleNotFoundError as err:  # pragma: no cover - depends on the environment
-            raise ValueError("consolidating a DeepSpeed checkpoint needs `pip install deepspeed`") from err
-        convert_zero_checkpoint_to_fp32_state_dict(path, output)
-        return output
-    raise ValueError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
+    try:
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+    except ModuleNotFoundError as err:  # pragma: no cover - depends on the environment
+        raise ValueError("consolidating a DeepSpeed checkpoint needs `pip install deepspeed`") from err
+    convert_zero_checkpoint_to_fp32_state_dict(path, output)
+    return output
 
 
 def model_state(checkpoint: dict[str, Any], prefix: str = "model.") -> dict[str, torch.Tensor]:

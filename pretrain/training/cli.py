@@ -6,7 +6,9 @@ Each verb is ``add_<verb>_arguments(parser)`` plus ``cmd_<verb>(args) -> exit st
 from __future__ import annotations
 
 import argparse
+import shlex
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from pretrain.training.setup import prepare_run
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from pretrain.models.transformer import Block
+    from pretrain.training.preemption import Interrupted
     from pretrain.training.trainer import build_trainer
 
     run, resolved = config.load(args.recipe, args.overrides)
@@ -28,13 +31,25 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(resolved), end="")
         return 0
     parts = prepare_run(run, resolved)
+    if parts["ckpt"] is not None and not strategy_reads(run.strategy.name, parts["ckpt"]):
+        raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
     module = parts["module"]
     trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
-    trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=parts["ckpt"], weights_only=True)
-    last = run.checkpoint_dir / "last.ckpt"
-    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever the checkpoint interval
+    try:
+        with warnings.catch_warnings():
+            # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
+            # position exactly (datamodules/pretrain.py), so its warning on every mid-epoch resume is wrong here.
+            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch")
+            trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=parts["ckpt"], weights_only=True)
+    except Interrupted as stop:
+        if trainer.is_global_zero:
+            again = [args.recipe, *(o for o in args.overrides if not o.startswith("resume=")), "resume=auto"]
+            command = " ".join(["pretrain fit", *map(shlex.quote, again)])
+            print(f"\n== pretrain fit: {stop} ==\n  continue with: {command}")
+        return stop.exit_status
+    last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
-        _summary(trainer, run, module, last)
+        _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
         if run.logger.csv:
             from pretrain.training.plots import plot_runs
 
@@ -91,18 +106,47 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
     trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
+    ckpt = parts["ckpt"]
+    # a directory of another strategy, or any checkpoint under DeepSpeed (whose engine cannot load ZeRO-3 weights
+    # without an optimizer): the consolidated weights are loaded before the strategy sets the model up
+    if run.strategy.name == "deepspeed" or not strategy_reads(run.strategy.name, ckpt):
+        from pretrain.training.checkpoint import load_model
+
+        parts["module"].model.load_state_dict(load_model(ckpt)[0].state_dict())
+        ckpt = None
     results = trainer.validate(
-        parts["module"],
-        datamodule=parts["datamodule"],
-        ckpt_path=parts["ckpt"],
-        weights_only=True,
-        verbose=False,
+        parts["module"], datamodule=parts["datamodule"], ckpt_path=ckpt, weights_only=True, verbose=False
     )
     if trainer.is_global_zero:
         print(f"checkpoint: {parts['ckpt']}")
         for name, value in sorted(results[0].items()):
             print(f"  {name}: {value:.4f}")
     return 0
+
+
+def strategy_reads(strategy: str, ckpt: Path) -> bool:
+    """Whether the Trainer under ``strategy`` restores checkpoint ``ckpt`` itself (FSDP reads its shards and single
+    files, DeepSpeed only its own directories, DDP and single-device only files)."""
+    from pretrain.training.checkpoint import kind
+
+    found = kind(ckpt)
+    if strategy == "deepspeed":
+        return found == "deepspeed"
+    return found == "file" or (found == "fsdp" and strategy == "fsdp")
+
+
+def resume_mismatch(strategy: str, ckpt: Path) -> str:
+    from pretrain.training.checkpoint import kind
+
+    found = kind(ckpt)
+    if found == "deepspeed":
+        return f"resume={ckpt} is a DeepSpeed checkpoint directory; resume it with strategy.name=deepspeed"
+    if found == "fsdp":
+        return (
+            f"resume={ckpt} is an FSDP checkpoint directory; resume it with strategy.name=fsdp, or under "
+            f"{strategy} from a single file made by pretrain.training.checkpoint.consolidate"
+        )
+    return f"resume={ckpt} is a single file, which strategy deepspeed cannot restore; use strategy.name=fsdp or ddp"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

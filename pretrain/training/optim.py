@@ -64,9 +64,11 @@ def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, *, cpu_offload: bool = False
+    model: nn.Module, cfg: OptimConfig, *, cpu_offload: bool = False, amp: bool = False
 ) -> torch.optim.Optimizer:
-    """AdamW (fused) over :func:`param_groups`; DeepSpeed's CPU Adam when ZeRO offloads the optimizer to the CPU."""
+    """AdamW (fused) over :func:`param_groups`; DeepSpeed's CPU Adam when ZeRO offloads the optimizer to the CPU.
+    ``amp`` (a ``*-mixed`` precision): not fused, since Lightning's AMP plugin refuses to clip gradients for an
+    optimizer that unscales them itself (a fused one)."""
     groups = param_groups(model, cfg.weight_decay)
     kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
     if cpu_offload:
@@ -76,7 +78,8 @@ def build_optimizer(
     # the fused kernel (CUDA, and CPU since torch 2.4) updates all tensors in one pass: 3x faster than the
     # per-tensor loop torch picks on the CPU by default (9 -> 3 ms per step for the 1M-parameter tiny GPT)
     devices = {p.device.type for g in groups for p in g["params"]}
-    return torch.optim.AdamW(groups, fused=devices in ({"cuda"}, {"cpu"}) or None, **kwargs)
+    fused = not amp and devices in ({"cuda"}, {"cpu"})
+    return torch.optim.AdamW(groups, fused=fused or None, **kwargs)
 
 
 def build_scheduler(

@@ -55,13 +55,14 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
 
 
 def resume_path(run: RunConfig) -> Path | None:
-    """``resume``: None (fresh), ``auto`` (newest valid checkpoint of the run, if any) or a checkpoint path."""
+    """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
+    checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
     from pretrain.training.checkpoint import find_resume
 
     if run.resume is None:
         return None
     if run.resume == "auto":
-        return find_resume(run.checkpoint_dir)
+        return find_resume(run.checkpoint_dir, hpc_dir=run.run_dir)
     path = Path(run.resume)
     if not path.exists():
         raise FileNotFoundError(f"resume={run.resume}: no such checkpoint (use resume=auto or resume=null)")

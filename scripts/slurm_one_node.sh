@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# recipes/slurm.sbatch through a real one-node SLURM cluster on this machine (munge, slurmctld and slurmd on
+# localhost), 2 CPU tasks (gloo DDP):
+#   1. an uninterrupted job (the reference);
+#   2. the same job sent SIGUSR1 mid-run (`scancel --signal=USR1`, what `--signal=USR1@90` sends before the
+#      time limit): it saves after the step, requeues itself and exits 138; the requeued job resumes
+#      (resume=auto) and finishes.
+# Then: both jobs' final weights must be bitwise equal, and every launch must log the reference's losses.
+# Needs root and Debian's slurm-wlm (apt-get install slurm-wlm; tested with Slurm 22.05). Not in CI: it starts
+# daemons and takes minutes.
+#
+#   bash scripts/slurm_one_node.sh [WORK_DIR]    (default /tmp/pretrain-slurm)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${1:-/tmp/pretrain-slurm}
+PYTHON=${PYTHON:-python}
+for tool in munged slurmctld slurmd sbatch scontrol scancel; do
+    command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install slurm-wlm" >&2; exit 2; }
+done
+rm -rf "$WORK" && mkdir -p "$WORK/slurm/state" "$WORK/slurm/spool"
+export SLURM_CONF=$WORK/slurm/slurm.conf
+cat > "$SLURM_CONF" <<EOF
+ClusterName=local
+SlurmctldHost=$(hostname)
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmUser=root
+SlurmctldPidFile=$WORK/slurm/slurmctld.pid
+SlurmdPidFile=$WORK/slurm/slurmd.pid
+SlurmdSpoolDir=$WORK/slurm/spool
+StateSaveLocation=$WORK/slurm/state
+SlurmctldLogFile=$WORK/slurm/slurmctld.log
+SlurmdLogFile=$WORK/slurm/slurmd.log
+ReturnToService=2
+JobRequeue=1
+MpiDefault=none
+NodeName=$(hostname) CPUs=$(nproc) RealMemory=$(($(free -m | awk '/Mem:/ {print $2}') / 2)) State=UNKNOWN
+PartitionName=local Nodes=$(hostname) Default=YES MaxTime=INFINITE State=UP
+EOF
+mkdir -p /run/munge && (pgrep -x munged >/dev/null || munged --force)
+scontrol shutdown >/dev/null 2>&1 || true
+slurmctld -i && slurmd
+trap 'scontrol shutdown >/dev/null 2>&1 || true' EXIT
+for _ in $(seq 30); do sinfo -h -o %t 2>/dev/null | grep -q idle && break; sleep 1; done
+sinfo
+
+cd "$WORK"
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} WANDB_MODE=offline
+TINY=(model.n_layer=2 model.d_model=64 model.d_ff=256 data.seq_len=64 data.micro_batch_size=8
+      trainer.max_steps=60 trainer.val_check_interval=20 checkpoint.every_n_steps=5 checkpoint.save_top_k=0
+      trainer.log_every_n_steps=1 trainer.progress_bar=false logger.wandb.enabled=false
+      strategy.name=ddp strategy.ddp.process_group_backend=gloo)
+$PYTHON -m pretrain tokenizer "$REPO/recipes/gpt-tiny.yaml"
+$PYTHON -m pretrain prepare "$REPO/recipes/gpt-tiny.yaml"
+
+submit() {  # RUN_DIR -> job id
+    sbatch --parsable --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=30 \
+        --export=ALL "$REPO/recipes/slurm.sbatch" "$REPO/recipes/gpt-tiny.yaml" "${TINY[@]}" run_dir="$1"
+}
+state() { scontrol show job "$1" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+wait_done() {
+    while [ "$(state "$1")" != COMPLETED ]; do
+        case $(state "$1") in FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) echo "job $1: $(state "$1")" >&2; exit 1;; esac
+        sleep 2
+    done
+}
+
+reference=$(submit runs/reference)
+echo "reference job $reference"
+wait_done "$reference"
+
+job=$(submit runs/preempted)
+echo "preempted job $job"
+$PYTHON - "$job" <<'PY'
+import subprocess, sys, time
+from pathlib import Path
+
+import torch
+
+last = Path("runs/preempted/checkpoints/last.ckpt")
+step = -1
+while step < 10:
+    time.sleep(0.2)
+    try:
+        step = torch.load(last, weights_only=True, mmap=True)["global_step"]
+    except Exception:  # not written yet, or being replaced
+        pass
+subprocess.run(["scancel", "--signal=USR1", sys.argv[1]], check=True)
+print(f"sent SIGUSR1 to job {sys.argv[1]} once step {step} had been saved")
+PY
+wait_done "$job"
+scontrol show job "$job" | grep -o "Restarts=[0-9]*"
+
+$PYTHON - "$WORK" "$job" <<'PY'
+import csv, sys
+from pathlib import Path
+import torch
+
+work, job = Path(sys.argv[1]), sys.argv[2]
+def launches(run):
+    return [{int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(open(v / "metrics.csv")) if r.get("train/loss")}
+            for v in sorted((run / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))]
+reference = launches(work / "runs/reference")[0]
+resumed = launches(work / "runs/preempted")
+log = (work / f"slurm-pretrain-{job}.out").read_text()
+print(f"launches of the preempted job: {[(min(l), max(l)) for l in resumed]}")
+print("log:", *[line for line in log.splitlines() if "SIGUSR1" in line or "steps:" in line or "continue with" in line], sep="\n  ")
+assert len(resumed) == 2 and "stopped by SIGUSR1" in log
+assert all(l == {s: reference[s] for s in l} for l in resumed), "losses differ from the uninterrupted job"
+a, b = (torch.load(work / f"runs/{r}/checkpoints/last.ckpt", weights_only=True)["state_dict"] for r in ("reference", "preempted"))
+assert all(torch.equal(a[k], b[k]) for k in a), "final weights differ"
+print(f"OK: SIGUSR1 -> save, requeue, resume; {len(reference)} steps, every loss and the final weights equal")
+PY
