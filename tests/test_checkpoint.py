@@ -14,7 +14,7 @@ import torch.distributed.checkpoint as dcp
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training.checkpoint import (
-    FSDP_METADATA,
+    METADATA,
     PAYLOAD,
     AtomicCheckpointIO,
     check_compatible,
@@ -22,7 +22,10 @@ from pretrain.training.checkpoint import (
     find_resume,
     is_valid,
     load_model,
+    optimizer_state_by_name,
+    optimizer_state_by_position,
     read,
+    replace_path,
 )
 
 CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
@@ -127,7 +130,7 @@ def test_find_resume_picks_the_highest_step_not_the_newest_write(tmp_path):
 def test_find_resume_reads_the_step_of_an_fsdp_sharded_directory(tmp_path):
     sharded = tmp_path / "last.ckpt"
     sharded.mkdir()
-    AtomicCheckpointIO().save_checkpoint(lightning_like(7), sharded / FSDP_METADATA)
+    AtomicCheckpointIO().save_checkpoint(lightning_like(7), sharded / METADATA)
     (sharded / ".metadata").write_bytes(b"")
     os.utime(sharded, (100, 100))
     save(tmp_path / "best-step3.ckpt", 3, 500)
@@ -151,24 +154,70 @@ def test_check_compatible_names_the_differences():
 
 
 def test_consolidate_an_fsdp_sharded_checkpoint(tmp_path):
-    """Lightning's FSDP layout: torch.distributed.checkpoint shards of model/optimizer + meta.pt for the rest."""
+    """The FSDP layout: torch.distributed.checkpoint shards of weights and name-keyed optimizer state + meta.pt for
+    the rest; consolidated into a single-process checkpoint (optimizer state numbered in group order)."""
     full = lightning_like(3)
     directory = tmp_path / "last.ckpt"
-    shards = {"model": full.pop("state_dict"), "optimizer_0": {"state": {}, "param_groups": [{"lr": 0.1}]}}
+    weights = full.pop("state_dict")
+    a, b = "model.embed.tok.weight", "model.final_norm.weight"
+    moments = {a: {"exp_avg": torch.ones(2)}, b: {"exp_avg": torch.zeros(3)}}
+    groups = [{"lr": 0.1, "params": [b]}, {"lr": 0.2, "params": [a]}]
+    shards = {"state_dict": weights, "optimizer_0": {"state": moments, "param_groups": groups}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no process group: single-process save
         dcp.save(shards, checkpoint_id=directory)
-    torch.save({k: v for k, v in full.items() if k != "optimizer_states"}, directory / FSDP_METADATA)
+    assert not is_valid(directory)  # shards without meta.pt: incomplete
+    torch.save({k: v for k, v in full.items() if k != "optimizer_states"}, directory / METADATA)
     assert is_valid(directory)
     single = consolidate(directory, tmp_path / "single.ckpt")
     merged = read(single)
     assert merged["global_step"] == 3 and merged[PAYLOAD]["wandb_run_id"] == "abc"
-    for key, value in shards["model"].items():
+    for key, value in weights.items():
         assert torch.equal(merged["state_dict"][key], value)
-    assert merged["optimizer_states"][0]["param_groups"][0]["lr"] == 0.1
+    optimizer = merged["optimizer_states"][0]
+    assert [g["params"] for g in optimizer["param_groups"]] == [[0], [1]]
+    assert [g["lr"] for g in optimizer["param_groups"]] == [0.1, 0.2]
+    assert torch.equal(optimizer["state"][0]["exp_avg"], torch.zeros(3))
+    assert (
+        optimizer_state_by_position(optimizer_state_by_name(optimizer, *named_optimizer(a, b))) == optimizer
+    )
     model, info, tokenizer = load_model(directory)  # inference straight from the sharded directory
     assert tokenizer is None and info["wandb_run_id"] == "abc"
-    assert torch.equal(model.state_dict()["embed.tok.weight"], shards["model"]["model.embed.tok.weight"])
+    assert torch.equal(model.state_dict()["embed.tok.weight"], weights["model.embed.tok.weight"])
+
+
+def named_optimizer(a: str, b: str) -> tuple[torch.optim.Optimizer, torch.nn.Module]:
+    """An optimizer whose groups list parameter ``b`` then ``a`` of a module (names relative to it)."""
+    module = torch.nn.Module()
+    for name in (a, b):
+        *parents, leaf = name.split(".")
+        owner = module
+        for parent in parents:
+            if not hasattr(owner, parent):
+                owner.add_module(parent, torch.nn.Module())
+            owner = getattr(owner, parent)
+        owner.register_parameter(leaf, torch.nn.Parameter(torch.zeros(1)))
+    params = dict(module.named_parameters())
+    optimizer = torch.optim.SGD([{"params": [params[b]], "lr": 0.1}, {"params": [params[a]], "lr": 0.2}])
+    return optimizer, module
+
+
+@pytest.mark.parametrize("old", ["file", "directory", None])
+def test_replace_path_swaps_in_a_complete_checkpoint(tmp_path, old):
+    """A sharded save lands by one rename: the new directory replaces a previous file or directory (or nothing),
+    and nothing of the old one or the temporary name is left."""
+    target = tmp_path / "last.ckpt"
+    if old == "file":
+        target.write_text("old")
+    elif old == "directory":
+        (target / "sub").mkdir(parents=True)
+        (target / "sub" / "x").write_text("old")
+    new = tmp_path / ".last.ckpt.tmp"
+    new.mkdir()
+    (new / "meta.pt").write_text("new")
+    replace_path(new, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in target.iterdir()) == ["meta.pt"]
 
 
 def test_consolidate_rejects_other_directories(tmp_path):

@@ -119,3 +119,47 @@ def test_ul2_and_prefix_lm_recipes_train(shakespeare, tmp_path, recipe):
     # a mean over real targets of a fresh model: near log(vocab) = 6.93 nats, never 0 (no targets) or a sum
     assert all(0.7 * math.log(1024) < v < 1.3 * math.log(1024) for v in losses.values()), losses
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def readme_fit_examples() -> list[list[str]]:
+    """Every ``pretrain fit recipes/... strategy.name=...`` example of README.md and recipes/README.md (inline
+    code or code blocks), as argument lists."""
+    import re
+    import shlex
+
+    commands = []
+    for readme in (REPO_ROOT / "README.md", REPO_ROOT / "recipes" / "README.md"):
+        for match in re.finditer(r"pretrain fit (recipes/[^`\n]*strategy\.name=[^`\n]*)", readme.read_text()):
+            args = shlex.split(match.group(1).split("#")[0])
+            if args not in commands:
+                commands.append(args)
+    return commands
+
+
+EXAMPLES = readme_fit_examples()
+CPU_EXAMPLES = [args for args in EXAMPLES if args[0].endswith("-tiny.yaml")]
+
+
+def test_readme_strategy_examples_compose_and_build_their_strategy():
+    """The GPU examples (8-GPU recipes) cannot train here: their config and strategy must still build."""
+    from pretrain import config
+    from pretrain.models.transformer import Block
+    from pretrain.training.strategies import build_strategy
+
+    assert len(EXAMPLES) >= 4 and len(CPU_EXAMPLES) >= 2, EXAMPLES
+    for recipe, *overrides in EXAMPLES:
+        run, _ = config.load(REPO_ROOT / recipe, overrides)
+        assert build_strategy(run, {Block}) != "auto"
+
+
+@pytest.mark.slow
+def test_readme_cpu_strategy_examples_run_as_written(shakespeare, tmp_path):
+    """The CPU examples, as written, plus only where to put data and run, and a short schedule."""
+    runs = []
+    for i, (recipe, *overrides) in enumerate(CPU_EXAMPLES):
+        short = [f"run_dir={tmp_path / str(i)}", "trainer.max_steps=2", "trainer.val_check_interval=2"]
+        extra = [*shakespeare["paths"], *short, "trainer.log_every_n_steps=1", "logger.wandb.enabled=false"]
+        runs.append(Background("fit", recipe, *overrides, *extra, log=tmp_path / f"{i}.log"))
+    for i, run in enumerate(runs):
+        run.wait(timeout=900)
+        assert sorted(metric_by_step(read_metrics(tmp_path / str(i)), "train/loss")) == [0, 1]

@@ -1,4 +1,4 @@
-"""Trainer assembly: strategies (DDP / FSDP / DeepSpeed ZeRO configs), precisions, loggers, callbacks."""
+"""Trainer assembly: precisions, loggers, callbacks (strategies: test_strategies.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,12 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
 from pretrain import config
-from pretrain.models.transformer import Block
 from pretrain.training.checkpoint import AtomicCheckpointIO
 from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.throughput import PeakThroughputMonitor
-from pretrain.training.trainer import (
-    build_loggers,
-    build_strategy,
-    build_trainer,
-    deepspeed_config,
-    wandb_mode,
-)
+from pretrain.training.trainer import build_loggers, build_trainer, wandb_mode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
@@ -30,79 +22,6 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 def load(*overrides: str, recipe: Path = GPT):
     return config.load(recipe, list(overrides))
-
-
-def test_ddp_strategy():
-    run, _ = load("strategy.name=ddp", "strategy.ddp.process_group_backend=gloo")
-    strategy = build_strategy(run)
-    assert isinstance(strategy, DDPStrategy) and isinstance(strategy.checkpoint_io, AtomicCheckpointIO)
-    assert strategy._ddp_kwargs["find_unused_parameters"] is False
-    assert strategy._process_group_backend == "gloo"
-
-
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_fsdp_strategy_wraps_blocks(checkpointing):
-    from torch.distributed.fsdp import ShardingStrategy
-
-    run, _ = load(
-        "strategy.name=fsdp",
-        "strategy.fsdp.sharding_strategy=SHARD_GRAD_OP",
-        f"trainer.activation_checkpointing={str(checkpointing).lower()}",
-    )
-    strategy = build_strategy(run, {Block})
-    assert isinstance(strategy, FSDPStrategy)
-    assert strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
-    assert strategy._state_dict_type == "sharded"
-    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {Block}
-    assert bool(strategy._activation_checkpointing_kwargs) is checkpointing
-
-
-def test_fsdp_recipe_piece():
-    run, _ = config.load(REPO_ROOT / "recipes" / "gpt2-350m.yaml")
-    assert run.strategy.name == "fsdp" and run.strategy.fsdp.sharding_strategy == "FULL_SHARD"
-
-
-@pytest.mark.parametrize(
-    ("piece", "stage", "optimizer", "params"),
-    [
-        ("deepspeed_zero1", 1, False, False),
-        ("deepspeed_zero2", 2, False, False),
-        ("deepspeed_zero2_offload", 2, True, False),
-        ("deepspeed_zero3", 3, False, False),
-        ("deepspeed_zero3_offload", 3, True, True),
-    ],
-)
-def test_deepspeed_configs(tmp_path, piece, stage, optimizer, params):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"defaults: [model/gpt-tiny, strategy/{piece}]\n")
-    run, _ = config.load(recipe)
-    zero = deepspeed_config(run)["zero_optimization"]
-    assert zero["stage"] == stage
-    assert ("offload_optimizer" in zero) is optimizer and ("offload_param" in zero) is params
-    if optimizer:
-        assert zero["offload_optimizer"]["device"] == "cpu"
-
-
-def test_bad_deepspeed_settings():
-    run, _ = load(
-        "strategy.name=deepspeed", "strategy.deepspeed.stage=1", "strategy.deepspeed.offload_optimizer=true"
-    )
-    with pytest.raises(ValueError, match="needs ZeRO stage 2 or 3"):
-        deepspeed_config(run)
-    run, _ = load(
-        "strategy.name=deepspeed", "strategy.deepspeed.stage=2", "strategy.deepspeed.offload_parameters=true"
-    )
-    with pytest.raises(ValueError, match="needs ZeRO stage 3"):
-        deepspeed_config(run)
-    with pytest.raises(ValueError, match="compile is not supported"):
-        load("strategy.name=deepspeed", "trainer.compile=true")
-
-
-@pytest.mark.skipif(HAS_DEEPSPEED, reason="checks the message shown when deepspeed is missing")
-def test_deepspeed_without_the_package_is_a_clear_error():
-    run, _ = load("strategy.name=deepspeed")
-    with pytest.raises(ValueError, match="pip install"):
-        build_strategy(run)
 
 
 def test_wandb_is_offline_unless_configured(monkeypatch):

@@ -267,3 +267,44 @@ def wandb_records(run_file: Path) -> list:
             records.append(record)
             chunks = []
     return records
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: Path, *args: str, world_size: int = 2, log_dir: Path, timeout: float = 900) -> None:
+    """Run ``python script *args`` as ``world_size`` ranks of one process group on this machine (the variables
+    torchrun sets; Lightning then creates no processes itself). Fails with the logs of every rank."""
+    env = cli_env(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size), NODE_RANK="0"
+    )
+    procs = []
+    for rank in range(world_size):
+        with open(log_dir / f"rank{rank}.log", "w") as log:  # the child keeps its own handle
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), *args],
+                    cwd=REPO_ROOT,
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        logs = "\n".join(
+            f"--- rank {r} ---\n{(log_dir / f'rank{r}.log').read_text()[-4000:]}" for r in range(world_size)
+        )
+        raise AssertionError(f"{script.name} exited {codes}:\n{logs}")

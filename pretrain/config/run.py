@@ -111,10 +111,12 @@ class DDPConfig:
 
 @dataclass
 class FSDPConfig:
+    """FSDP2 ``fully_shard`` per block: FULL_SHARD reshards parameters after forward, SHARD_GRAD_OP keeps them
+    gathered until backward, HYBRID_SHARD shards within a node and replicates across nodes (NO_SHARD: use DDP)."""
+
     sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
     state_dict_type: Literal["full", "sharded"] = "sharded"
     cpu_offload: bool = False
-    limit_all_gathers: bool = True
 
 
 @dataclass
@@ -272,10 +274,6 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         raise ValueError(
             "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
             "set guards.spike.enabled=false or use strategy ddp / fsdp"
-        )
-    if run.strategy.name == "deepspeed" and run.trainer.compile:
-        raise ValueError(
-            "trainer.compile is not supported with strategy deepspeed; set trainer.compile=false"
         )
     return run
 

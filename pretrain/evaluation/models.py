@@ -178,12 +178,12 @@ def load_model_and_tokenizer(
     checkpoint: str | Path, tokenizer: str | Path | None = None
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """(model, tokenizer, {"prefix_token", "eos_token"}) from a .ckpt / run dir / transformers dir."""
-    from pretrain.training.checkpoint import FSDP_METADATA, find_resume
+    from pretrain.training.checkpoint import find_resume, is_valid
 
     path = Path(checkpoint)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.is_file() or (path / FSDP_METADATA).is_file() or (path / "latest").is_file():
+    if path.is_file() or is_valid(path):
         return _load_ckpt(path, tokenizer)
     if (path / "config.json").is_file():
         return _load_hf_dir(path, tokenizer)

@@ -9,13 +9,18 @@ the tokens seen. Dropout randomness is a function of (seed, optimizer step, micr
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import pickle
+import secrets
+import shutil
+import sys
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +32,12 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
-FSDP_METADATA = (
-    "meta.pt"  # Lightning's FSDP sharded layout: <dir>/meta.pt + torch.distributed.checkpoint shards
-)
+# A sharded checkpoint is a directory holding METADATA (the Lightning checkpoint without weights and optimizer
+# state, ``torch.load(weights_only=True)``-able) and either torch.distributed.checkpoint shards (FSDP: DCP's
+# ``.metadata`` + ``__<rank>_0.distcp``) or DeepSpeed's layout (``latest`` naming the tag directory).
+METADATA = "meta.pt"
+DCP_METADATA = ".metadata"
+DEEPSPEED_LATEST = "latest"
 
 
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
@@ -135,13 +143,68 @@ def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> 
         raise ValueError(f"checkpoint {path} is unreadable (truncated, corrupt or not a checkpoint)") from err
 
 
+def _rename_exchange(src: Path, dst: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return libc.renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_exchange) == 0
+
+
+def replace_path(src: Path, dst: Path) -> None:
+    """Move the complete ``src`` (file or directory) to ``dst``, replacing whatever is there in one atomic step
+    (an exchange of the two names, then the old one is deleted); a reader never sees a partial checkpoint."""
+    if dst.exists() and _rename_exchange(src, dst):
+        old = src
+    elif dst.exists():  # no atomic exchange on this platform: two renames, the old copy kept until the second
+        old = dst.with_name(f".{dst.name}.old-{secrets.token_hex(4)}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+    else:
+        os.replace(src, dst)
+        return
+    shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+@contextmanager
+def atomic_directory(path: str | Path, strategy: Any) -> Iterator[Path]:
+    """A temporary sibling directory for every rank of ``strategy`` to write a sharded checkpoint into; once all
+    ranks are done, rank 0 puts it in place of ``path`` with :func:`replace_path`."""
+    path = Path(strategy.broadcast(str(path)))
+    tmp = path.with_name(f".{path.name}.tmp-{strategy.broadcast(secrets.token_hex(4))}")
+    yield tmp
+    strategy.barrier()
+    if strategy.is_global_zero:
+        replace_path(tmp, path)
+    strategy.barrier()
+
+
+def kind(path: str | Path) -> str:
+    """``"file"``, ``"fsdp"`` (DCP shards) or ``"deepspeed"`` (a ZeRO directory); ``ValueError`` otherwise."""
+    path = Path(path)
+    if path.is_file():
+        return "file"
+    if (path / DCP_METADATA).is_file():
+        return "fsdp"
+    if (path / DEEPSPEED_LATEST).is_file():
+        return "deepspeed"
+    raise ValueError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
+
+
 def is_valid(path: Path) -> bool:
     """A complete checkpoint: a file whose zip archive passes its CRC checks and that unpickles safely, or a
-    sharded directory (FSDP ``meta.pt`` / DeepSpeed ``latest``) with its metadata."""
+    sharded directory (FSDP or DeepSpeed) with its metadata (directories are put in place only once complete)."""
     if path.is_dir():
-        if (path / FSDP_METADATA).is_file():
-            return is_valid(path / FSDP_METADATA) and (path / ".metadata").is_file()
-        return (path / "latest").is_file()
+        try:
+            found = kind(path)
+        except ValueError:
+            return False
+        if found == "deepspeed" and not (path / METADATA).is_file():
+            return True  # saved by Lightning's DeepSpeedStrategy itself: DeepSpeed writes `latest` last
+        return is_valid(path / METADATA)
     try:
         with zipfile.ZipFile(path) as archive:
             if archive.testzip() is not None:
@@ -156,7 +219,7 @@ def checkpoint_step(path: Path) -> int:
     """``global_step`` of a checkpoint file, of an FSDP sharded directory (``meta.pt``) or of a DeepSpeed
     directory (``latest`` names the tag; Lightning's state is in the tag's ``*model_states.pt``).
     ``ValueError`` when it cannot be read."""
-    if path.is_dir() and not (path / FSDP_METADATA).is_file():
+    if path.is_dir() and not (path / METADATA).is_file():
         latest = path / "latest"
         tag = latest.read_text().strip() if latest.is_file() else ""
         states = sorted((path / tag).glob("*model_states.pt")) if tag else []
@@ -166,7 +229,7 @@ def checkpoint_step(path: Path) -> int:
             )
         path = states[0]
     elif path.is_dir():
-        path = path / FSDP_METADATA
+        path = path / METADATA
     try:
         return int(read(path, mmap=True)["global_step"])
     except (KeyError, TypeError) as err:
@@ -222,7 +285,7 @@ def remove_partial_saves(checkpoint_dir: str | Path) -> list[Path]:
 def payload(path: str | Path) -> dict[str, Any]:
     """Our section (config, tokenizer, W&B id, tokens seen) of a checkpoint file or sharded directory."""
     path = Path(path)
-    meta = path / FSDP_METADATA if path.is_dir() else path
+    meta = path / METADATA if path.is_dir() else path
     ckpt = read(meta, mmap=True)
     if PAYLOAD not in ckpt:
         raise ValueError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
@@ -242,31 +305,57 @@ def check_compatible(saved_config: dict[str, Any], model_config: dict[str, Any],
         )
 
 
+def optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
+    """A name-keyed optimizer state (``torch.distributed.checkpoint.state_dict``'s layout: ``state`` by parameter
+    name, groups listing names) in ``torch.optim.Optimizer.state_dict``'s layout: parameters numbered in the
+    order the groups list them."""
+    numbers: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        groups.append({**group, "params": [numbers.setdefault(n, len(numbers)) for n in group["params"]]})
+    return {"state": {numbers[n]: v for n, v in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> dict[str, Any]:
+    """Inverse of :func:`optimizer_state_by_position` for ``optimizer`` over ``model``'s parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_number: dict[int, str] = {}
+    groups = []
+    for saved, live in zip(state["param_groups"], optimizer.param_groups, strict=True):
+        by_number.update(zip(saved["params"], (names[id(p)] for p in live["params"]), strict=True))
+        groups.append({**saved, "params": [by_number[i] for i in saved["params"]]})
+    return {"state": {by_number[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
 def consolidate(path: str | Path, output: str | Path) -> Path:
-    """One-file checkpoint from a sharded one: FSDP (``torch.distributed.checkpoint`` shards + ``meta.pt``) or
-    DeepSpeed ZeRO (needs ``deepspeed``; its files are trusted pickles). A single file is returned unchanged."""
+    """One-file checkpoint from a sharded one, in the layout of a single-process run's checkpoint (it resumes a
+    run under any strategy). FSDP shards are read with ``torch.distributed.checkpoint``; DeepSpeed ZeRO
+    directories need ``deepspeed`` (its files are trusted pickles; weights only). A file is returned unchanged."""
     path, output = Path(path), Path(output)
-    if path.is_file():
+    found = kind(path)
+    if found == "file":
         return path
-    if (path / FSDP_METADATA).is_file():
+    if found == "fsdp":
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
         with tempfile.TemporaryDirectory() as tmp:
             dcp_to_torch_save(path, Path(tmp) / "full.pt")
             shards = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=True)
-        checkpoint = read(path / FSDP_METADATA)
-        checkpoint["state_dict"] = shards["model"]
-        checkpoint["optimizer_states"] = [shards[k] for k in sorted(shards) if k.startswith("optimizer_")]
+        checkpoint = read(path / METADATA)
+        checkpoint["state_dict"] = shards["state_dict"]
+        checkpoint["optimizer_states"] = [
+            optimizer_state_by_position(shards[k]) for k in sorted(shards) if k.startswith("optimizer_")
+        ]
         AtomicCheckpointIO().save_checkpoint(checkpoint, output)
         return output
-    if (path / "latest").is_file():
-        try:
-            from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-        except ModuleNotFoundError as err:  # pragma: no cover - depends on the environment
-            raise ValueError("consolidating a DeepSpeed checkpoint needs `pip install deepspeed`") from err
-        convert_zero_checkpoint_to_fp32_state_dict(path, output)
-        return output
-    raise ValueError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
+    try:
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+    except ModuleNotFoundError as err:  # pragma: no cover - depends on the environment
+        raise ValueError("consolidating a DeepSpeed checkpoint needs `pip install deepspeed`") from err
+    convert_zero_checkpoint_to_fp32_state_dict(path, output)
+    return output
 
 
 def model_state(checkpoint: dict[str, Any], prefix: str = "model.") -> dict[str, torch.Tensor]:

@@ -31,6 +31,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(resolved), end="")
         return 0
     parts = prepare_run(run, resolved)
+    if parts["ckpt"] is not None and not strategy_reads(run.strategy.name, parts["ckpt"]):
+        raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
     module = parts["module"]
     trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
     try:
@@ -104,18 +106,47 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
     trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
+    ckpt = parts["ckpt"]
+    # a directory of another strategy, or any checkpoint under DeepSpeed (whose engine cannot load ZeRO-3 weights
+    # without an optimizer): the consolidated weights are loaded before the strategy sets the model up
+    if run.strategy.name == "deepspeed" or not strategy_reads(run.strategy.name, ckpt):
+        from pretrain.training.checkpoint import load_model
+
+        parts["module"].model.load_state_dict(load_model(ckpt)[0].state_dict())
+        ckpt = None
     results = trainer.validate(
-        parts["module"],
-        datamodule=parts["datamodule"],
-        ckpt_path=parts["ckpt"],
-        weights_only=True,
-        verbose=False,
+        parts["module"], datamodule=parts["datamodule"], ckpt_path=ckpt, weights_only=True, verbose=False
     )
     if trainer.is_global_zero:
         print(f"checkpoint: {parts['ckpt']}")
         for name, value in sorted(results[0].items()):
             print(f"  {name}: {value:.4f}")
     return 0
+
+
+def strategy_reads(strategy: str, ckpt: Path) -> bool:
+    """Whether the Trainer under ``strategy`` restores checkpoint ``ckpt`` itself (FSDP reads its shards and single
+    files, DeepSpeed only its own directories, DDP and single-device only files)."""
+    from pretrain.training.checkpoint import kind
+
+    found = kind(ckpt)
+    if strategy == "deepspeed":
+        return found == "deepspeed"
+    return found == "file" or (found == "fsdp" and strategy == "fsdp")
+
+
+def resume_mismatch(strategy: str, ckpt: Path) -> str:
+    from pretrain.training.checkpoint import kind
+
+    found = kind(ckpt)
+    if found == "deepspeed":
+        return f"resume={ckpt} is a DeepSpeed checkpoint directory; resume it with strategy.name=deepspeed"
+    if found == "fsdp":
+        return (
+            f"resume={ckpt} is an FSDP checkpoint directory; resume it with strategy.name=fsdp, or under "
+            f"{strategy} from a single file made by pretrain.training.checkpoint.consolidate"
+        )
+    return f"resume={ckpt} is a single file, which strategy deepspeed cannot restore; use strategy.name=fsdp or ddp"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

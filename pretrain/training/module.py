@@ -25,15 +25,16 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import Tensor
 
 from datamodules.pretrain import PretrainDataModule
 from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
+from pretrain.training import lightning_compat
 from pretrain.training.checkpoint import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler
+from pretrain.training.strategies import optimizer_offloaded
 
 STEP_TARGETS = (
     "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
@@ -114,12 +115,16 @@ class PretrainModule(L.LightningModule):
         self.tokenizer_json, self.wandb_id = tokenizer_json, wandb_id
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
-        if run.trainer.activation_checkpointing and run.strategy.name != "fsdp":  # FSDP wraps blocks itself
-            self.model.gradient_checkpointing = True
+        self.model.gradient_checkpointing = run.trainer.activation_checkpointing
         if run.trainer.compile:
             self.model.compile()  # compiles __call__ in place: parameter names and state_dict unchanged
         self.tokens_seen = 0
         self.flops_per_batch = 0.0  # read by the ThroughputMonitor after every batch
+        with torch.device(
+            "meta"
+        ):  # shapes only: FLOPs of the whole model, whatever shards the strategy makes
+            self._flops_per_token = Transformer(run.model).flops_per_token
+        self.decayed_tensors = 0  # weight-decayed parameter tensors (set by configure_optimizers)
         self._flops_per_sample: dict[tuple[int, int | None], tuple[float, float]] = {}
         self._step_targets: Tensor | None = None
         self._train_sums: dict[str, Tensor] = {}
@@ -142,7 +147,7 @@ class PretrainModule(L.LightningModule):
         dec = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else None
         if (seq, dec) not in self._flops_per_sample:  # (all positions, without the head)
             self._flops_per_sample[seq, dec] = tuple(
-                self.model.flops_per_token(seq, dec, head_positions=h) * seq for h in (None, 0)
+                self._flops_per_token(seq, dec, head_positions=h) * seq for h in (None, 0)
             )
         full, headless = self._flops_per_sample[seq, dec]
         flops = full * batch
@@ -158,8 +163,8 @@ class PretrainModule(L.LightningModule):
         """k * W, undoing Lightning's division by k and data-parallel averaging over W. DeepSpeed's engine
         divides by its gradient-accumulation steps once more."""
         k = self.trainer.accumulate_grad_batches
-        deepspeed = isinstance(self.trainer.strategy, DeepSpeedStrategy)
-        return k * self.trainer.world_size * (k if deepspeed else 1)
+        twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
+        return k * self.trainer.world_size * (k if twice else 1)
 
     # ------------------------------------------------------------------------------------------ training
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -175,7 +180,7 @@ class PretrainModule(L.LightningModule):
         self.flops_per_batch = self._batch_flops(inputs, backward=True)
         self.tokens_seen += inputs["input_ids"].numel() * self.trainer.world_size
 
-        if self.trainer._logger_connector.should_update_logs:  # Lightning's schedule of logged steps
+        if lightning_compat.should_update_logs(self.trainer):
             correct = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
             for key, value in (("loss_sum", loss_sum.detach()), ("num_correct", correct)):
                 self._train_sums[key] = self._train_sums.get(key, 0) + value
@@ -195,16 +200,16 @@ class PretrainModule(L.LightningModule):
         self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Log the global gradient norm (before clipping); FSDP's shards are all-reduced."""
-        if not self.trainer._logger_connector.should_update_logs:
+        """Log the global gradient norm (before clipping); sharded (DTensor) gradients are reduced over ranks."""
+        if not lightning_compat.should_update_logs(self.trainer):
             return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads:  # DeepSpeed keeps gradients inside its engine
             return
-        sq = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum()
-        if isinstance(self.trainer.strategy, FSDPStrategy):
-            sq = self._reduce(sq)
-        self.log("train/grad_norm", sq.sqrt(), on_step=True, on_epoch=False, rank_zero_only=True)
+        norm = torch.nn.utils.get_total_norm(grads)
+        if hasattr(norm, "full_tensor"):  # a DTensor: the norm of this rank's shards, made global
+            norm = norm.full_tensor()
+        self.log("train/grad_norm", norm, on_step=True, on_epoch=False, rank_zero_only=True)
 
     # ------------------------------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:
@@ -229,10 +234,10 @@ class PretrainModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> dict[str, Any]:
-        ds = self.run.strategy
-        offload = ds.name == "deepspeed" and ds.deepspeed.offload_optimizer
+        offload = optimizer_offloaded(self.run)
         amp = self.run.trainer.precision.endswith("-mixed")
         optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload, amp=amp)
+        self.decayed_tensors = sum(len(g["params"]) for g in optimizer.param_groups if g["weight_decay"] > 0)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
-from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+
+from pretrain.training.lightning_compat import set_available_flops
 
 # name fragment (matched in order against the lower-cased CUDA device name) -> dense peak FLOP/s per dtype
 DENSE_PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
@@ -38,6 +39,15 @@ def _dtype_key(dtype: torch.dtype) -> str:
     if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
     return "fp32"
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The matmul dtype of a Lightning precision setting (``bf16-mixed`` -> bfloat16, ``32-true`` -> float32)."""
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    return torch.float64 if precision.startswith("64") else torch.float32
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -65,7 +75,5 @@ class PeakThroughputMonitor(ThroughputMonitor):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
-        self.available_flops = self.peak or peak_flops(trainer.strategy.root_device, dtype)
-        for throughput in self._throughputs.values():
-            throughput.available_flops = self.available_flops
+        dtype = compute_dtype(str(trainer.precision))
+        set_available_flops(self, self.peak or peak_flops(trainer.strategy.root_device, dtype))

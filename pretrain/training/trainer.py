@@ -1,87 +1,23 @@
-"""The Lightning Trainer of a run: strategy (DDP / FSDP / DeepSpeed ZeRO), precision, loggers and callbacks."""
+"""The Lightning Trainer of a run: strategy (``strategies.py``), precision, loggers and callbacks."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 from torch import nn
 
 from pretrain.config import RunConfig
 from pretrain.training.checkpoint import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
 from pretrain.training.preemption import LastCheckpoint
+from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
-
-
-def deepspeed_config(run: RunConfig) -> dict[str, Any]:
-    """DeepSpeed JSON config for ZeRO stage 1/2/3 with optional CPU offload.
-
-    Lightning fills in the batch sizes, gradient accumulation, clipping and precision from the Trainer.
-    """
-    ds = run.strategy.deepspeed
-    if (ds.offload_optimizer or ds.offload_parameters) and ds.stage == 1:
-        raise ValueError(
-            "strategy.deepspeed: CPU offload needs ZeRO stage 2 or 3; set strategy.deepspeed.stage"
-        )
-    if ds.offload_parameters and ds.stage != 3:
-        raise ValueError("strategy.deepspeed.offload_parameters needs ZeRO stage 3")
-    zero: dict[str, Any] = {
-        "stage": ds.stage,
-        "overlap_comm": ds.overlap_comm,
-        "contiguous_gradients": ds.contiguous_gradients,
-        "allgather_bucket_size": ds.allgather_bucket_size,
-        "reduce_bucket_size": ds.reduce_bucket_size,
-    }
-    if ds.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if ds.offload_parameters:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return {"zero_optimization": zero, "zero_allow_untested_optimizer": True}
-
-
-def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
-    """``auto`` | DDP | FSDP (one unit per transformer block) | DeepSpeed, from ``run.strategy``."""
-    s, blocks = run.strategy, set(block_classes)
-    timeout = timedelta(seconds=run.guards.hang.collective_timeout_seconds)  # after the hang guard's dump
-    if s.name == "auto":
-        return "auto"
-    if s.name == "ddp":
-        return DDPStrategy(
-            find_unused_parameters=s.ddp.find_unused_parameters,
-            static_graph=s.ddp.static_graph,
-            process_group_backend=s.ddp.process_group_backend,
-            timeout=timeout,
-            checkpoint_io=AtomicCheckpointIO(),
-        )
-    if s.name == "fsdp":
-        from torch.distributed.fsdp import CPUOffload
-
-        return FSDPStrategy(
-            auto_wrap_policy=blocks or None,
-            activation_checkpointing_policy=blocks if run.trainer.activation_checkpointing else None,
-            sharding_strategy=s.fsdp.sharding_strategy,
-            state_dict_type=s.fsdp.state_dict_type,
-            cpu_offload=CPUOffload(offload_params=True) if s.fsdp.cpu_offload else None,
-            limit_all_gathers=s.fsdp.limit_all_gathers,
-            use_orig_params=True,  # parameter groups by name, torch.compile
-            timeout=timeout,
-            checkpoint_io=AtomicCheckpointIO(),
-        )
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError as err:
-        raise ValueError(
-            "strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'"
-        ) from err
-    return DeepSpeedStrategy(config=deepspeed_config(run))
 
 
 def wandb_mode(run: RunConfig) -> str:

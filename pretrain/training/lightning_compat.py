@@ -1,0 +1,151 @@
+"""Every use of Lightning's and DeepSpeed's private internals, in one place.
+
+Tested with lightning 2.6.6, deepspeed 0.19.8 and torch 2.13 (CPU/gloo); revisit on upgrades of either. Each
+item names the public behaviour it stands in for:
+
+- ``should_update_logs``: Lightning's schedule of logged steps (``log_every_n_steps``) as the logger sees it.
+- ``set_available_flops``: the peak FLOP/s of ``ThroughputMonitor``'s per-stage ``Throughput`` objects.
+- ``engine_divides_by_accumulation``: DeepSpeed's engine divides the loss by its accumulation steps on top of
+  Lightning's own division.
+- ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
+  indices; DeepSpeed itself runs ZeRO-1/2/3 on the CPU (gloo). Directory checkpoints are written atomically
+  and carry ``meta.pt`` (the Lightning state without weights).
+- ``PerModuleSharding``: Lightning's ``ModelParallelStrategy`` (FSDP2 / DTensor) insists that the LightningModule
+  parallelizes itself in ``configure_model``; here a ``parallelize`` function passed to the strategy shards the
+  model from outside, on a 1-D data-parallel mesh (or 2-D for hybrid sharding). Checkpoints are written
+  atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.fabric.utilities.load import _METADATA_FILENAME
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import nn
+
+from pretrain.training.checkpoint import atomic_directory
+
+TESTED_WITH = {"lightning": "2.6.6", "deepspeed": "0.19.8", "torch": "2.13.0"}
+
+
+def should_update_logs(trainer: Any) -> bool:
+    """Whether this step is one Lightning logs (``log_every_n_steps``)."""
+    return trainer._logger_connector.should_update_logs
+
+
+def set_available_flops(monitor: Any, flops: float | None) -> None:
+    """Peak FLOP/s per device of a ``ThroughputMonitor`` after its ``setup`` (MFU's denominator)."""
+    monitor.available_flops = flops
+    for throughput in monitor._throughputs.values():
+        throughput.available_flops = flops
+
+
+def engine_divides_by_accumulation(strategy: Strategy) -> bool:
+    """DeepSpeed's ``engine.backward`` scales the loss by 1/k once more after Lightning's 1/k."""
+    return isinstance(strategy, DeepSpeedStrategy)
+
+
+class DeepSpeedAnyDevice(DeepSpeedStrategy):
+    """``DeepSpeedStrategy`` that also runs on the CPU (gloo), with atomic checkpoint directories."""
+
+    def _on_cpu(self) -> bool:
+        return self.parallel_devices is not None and self.parallel_devices[0].type == "cpu"
+
+    @property
+    def root_device(self) -> torch.device:
+        """On the CPU, ``cpu:<local rank>``: DeepSpeed takes the device index as the rank's device number."""
+        return torch.device("cpu", self.local_rank) if self._on_cpu() else super().root_device
+
+    def setup_environment(self) -> None:
+        if self._on_cpu():
+            DDPStrategy.setup_environment(self)  # skips DeepSpeedStrategy's CUDA-only check
+        else:
+            super().setup_environment()
+
+    def setup_distributed(self) -> None:
+        if not self._on_cpu():
+            return super().setup_distributed()
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Any = None) -> None:
+        meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+        with atomic_directory(filepath, self) as tmp:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+            if self.is_global_zero:
+                torch.save(meta, tmp / _METADATA_FILENAME)
+
+
+class PerModuleSharding(ModelParallelStrategy):
+    """``ModelParallelStrategy`` whose model is sharded by ``parallelize(model, mesh)`` (FSDP2 ``fully_shard``)
+    instead of ``LightningModule.configure_model``. The mesh is 1-D (all ranks) unless ``hybrid``: then
+    (nodes, devices per node), replicated across nodes and sharded within one."""
+
+    def __init__(
+        self, parallelize: Callable[[nn.Module, Any], None], *, hybrid: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.parallelize, self.hybrid = parallelize, hybrid
+
+    def setup_environment(self) -> None:
+        if self.hybrid:
+            self._data_parallel_size, self._tensor_parallel_size = self.num_nodes, self.num_processes
+        else:
+            self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
+        super().setup_environment()
+
+    def mesh(self) -> Any:
+        return self.device_mesh if self.hybrid else self.device_mesh["data_parallel"]
+
+    def setup(self, trainer: Any) -> None:
+        """``ModelParallelStrategy.setup`` with ``parallelize`` in place of the ``configure_model`` requirement."""
+        assert self.model is not None and self.accelerator is not None
+        self.accelerator.setup(trainer)
+        self.parallelize(self.model, self.mesh())
+        _materialize_distributed_module(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.barrier()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Any = None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        with atomic_directory(filepath, self) as tmp:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """A sharded directory, or a single file (DDP's or a consolidated one: optimizer state keyed by position
+        in the parameter groups, mapped to parameter names here)."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if path.is_dir():
+            return super().load_checkpoint(path, weights_only)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        from pretrain.training.checkpoint import optimizer_state_by_name, read
+
+        checkpoint = read(path)
+        full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=full)
+        states = checkpoint.pop("optimizer_states", [])
+        for optimizer, state in zip(self.optimizers, states if self.optimizers else []):
+            by_name = optimizer_state_by_name(state, optimizer, self.model)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=by_name, options=full)
+        return checkpoint

@@ -1,0 +1,142 @@
+"""The distributed strategy of a run: DDP, FSDP2 (per-block ``fully_shard``) or DeepSpeed ZeRO-1/2/3, on GPUs or
+on the CPU (gloo) -- the same code path either way.
+
+FSDP follows torchtitan: every transformer block, then the whole backbone, is wrapped with FSDP2's
+``fully_shard`` from outside the model. Parameters stay ``DTensor``s of their full shape, so weight decay, FLOPs
+and gradient-norm clipping see the unsharded model; gradients are reduced in float32 (bf16-mixed autocasts the
+compute only, as under DDP); checkpoints are torch.distributed.checkpoint directories.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from torch import nn
+
+from pretrain.config import RunConfig
+from pretrain.training.checkpoint import AtomicCheckpointIO
+
+
+def deepspeed_config(run: RunConfig) -> dict[str, Any]:
+    """DeepSpeed JSON config for ZeRO stage 1/2/3 with optional CPU offload.
+
+    The micro-batch is the datamodule's (Lightning cannot infer it from our batch sampler); Lightning fills in
+    gradient accumulation, clipping and precision from the Trainer.
+    """
+    ds = run.strategy.deepspeed
+    if (ds.offload_optimizer or ds.offload_parameters) and ds.stage == 1:
+        raise ValueError(
+            "strategy.deepspeed: CPU offload needs ZeRO stage 2 or 3; set strategy.deepspeed.stage"
+        )
+    if ds.offload_parameters and ds.stage != 3:
+        raise ValueError("strategy.deepspeed.offload_parameters needs ZeRO stage 3")
+    zero: dict[str, Any] = {
+        "stage": ds.stage,
+        "overlap_comm": ds.overlap_comm,
+        "contiguous_gradients": ds.contiguous_gradients,
+        "allgather_bucket_size": ds.allgather_bucket_size,
+        "reduce_bucket_size": ds.reduce_bucket_size,
+    }
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if ds.offload_parameters:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "train_micro_batch_size_per_gpu": run.data.micro_batch_size,
+    }
+
+
+def optimizer_offloaded(run: RunConfig) -> bool:
+    """Whether the optimizer steps on the CPU (DeepSpeed ZeRO offload: DeepSpeedCPUAdam)."""
+    return run.strategy.name == "deepspeed" and run.strategy.deepspeed.offload_optimizer
+
+
+def shard_blocks(
+    module: nn.Module,
+    mesh: Any,
+    block_classes: Iterable[type[nn.Module]],
+    *,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+) -> None:
+    """FSDP2: ``fully_shard`` every block (a ``block_classes`` instance), then each top-level child holding
+    parameters (the backbone: embeddings, final norm, heads). In place."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy()
+    blocks = tuple(block_classes)
+    for submodule in list(module.modules()):
+        if blocks and isinstance(submodule, blocks):
+            fully_shard(submodule, **options)
+    for child in module.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, **options)
+
+
+def collective_timeout(run: RunConfig) -> timedelta:
+    """How long a collective may wait: past the hang guard's stack dump (``guards.hang``)."""
+    return timedelta(seconds=run.guards.hang.collective_timeout_seconds)
+
+
+def build_fsdp(run: RunConfig, block_classes: Iterable[type[nn.Module]]) -> Strategy:
+    from functools import partial
+
+    from pretrain.training.lightning_compat import PerModuleSharding
+
+    fsdp = run.strategy.fsdp
+    if fsdp.sharding_strategy == "NO_SHARD":
+        raise ValueError("strategy.fsdp.sharding_strategy=NO_SHARD is data parallel: use strategy.name=ddp")
+    parallelize = partial(
+        shard_blocks,
+        block_classes=tuple(block_classes),
+        reshard_after_forward=fsdp.sharding_strategy != "SHARD_GRAD_OP",
+        cpu_offload=fsdp.cpu_offload,
+    )
+    strategy = PerModuleSharding(
+        parallelize,
+        hybrid=fsdp.sharding_strategy == "HYBRID_SHARD",
+        save_distributed_checkpoint=fsdp.state_dict_type == "sharded",
+        timeout=collective_timeout(run),
+    )
+    strategy.checkpoint_io = AtomicCheckpointIO()  # state_dict_type=full: one file, written by rank 0
+    return strategy
+
+
+def build_deepspeed(run: RunConfig) -> Strategy:
+    if run.trainer.accelerator == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as err:
+        raise ValueError(
+            "strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'"
+        ) from err
+    from pretrain.training.lightning_compat import DeepSpeedAnyDevice
+
+    return DeepSpeedAnyDevice(config=deepspeed_config(run), timeout=collective_timeout(run))
+
+
+def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
+    """``auto`` | DDP | FSDP2 (one unit per transformer block) | DeepSpeed ZeRO, from ``run.strategy``."""
+    s = run.strategy
+    if s.name == "auto":
+        return "auto"
+    if s.name == "ddp":
+        return DDPStrategy(
+            find_unused_parameters=s.ddp.find_unused_parameters,
+            static_graph=s.ddp.static_graph,
+            process_group_backend=s.ddp.process_group_backend,
+            timeout=collective_timeout(run),
+            checkpoint_io=AtomicCheckpointIO(),
+        )
+    if s.name == "fsdp":
+        return build_fsdp(run, block_classes)
+    return build_deepspeed(run)
