@@ -280,7 +280,9 @@ def test_tokenizer_must_match_the_prepared_data(prepared):
 
 def test_empty_validation_split_suggests_val_batches_0(tmp_path):
     root = make_prepared(tmp_path / "noval", 20 * 8, n_val_tokens=3)
-    with pytest.raises(ValueError, match="val_batches=0 to train"):
+    with pytest.raises(
+        ValueError, match="trainer.limit_val_batches=0 in a recipe -- to train without validation"
+    ):
         datamodule(root)
     assert len(read(datamodule(root, val_batches=0), 2)) == 2
 
