@@ -123,8 +123,8 @@ def test_lstm_recipe_trains_with_truncated_bptt(corpus):
 def test_seq2seq_attention_reverses_strings_and_saves_alignment_heatmaps(tmp_path):
     extra = [
         f"run_dir={tmp_path}",
-        "trainer.max_steps=60",
-        "trainer.val_check_interval=60",
+        "trainer.max_steps=150",
+        "trainer.val_check_interval=150",
         "trainer.limit_val_batches=2",
         "data.micro_batch_size=32",
         "baselines.model.d_embed=32",
