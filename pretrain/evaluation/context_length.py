@@ -6,7 +6,7 @@ prediction of token i + 1 has exactly i + 1 tokens of context; its loss is avera
 buckets of context [1, 2), [2, 4), ..., [context / 2, context). A model that uses its long context keeps
 lowering the loss in later buckets; a sliding-window decoder (window w, L layers) can flatten beyond L * w.
 
-    python -m pretrain.evaluation.context_length CHECKPOINT [--text FILE] [--context 4096] [--batch-size 1]
+    python -m pretrain.evaluation.context_length CHECKPOINT --text FILE [--context 4096] [--batch-size 1]
                                                  [--max-windows N] [--attention sdpa|flex]
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -61,10 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m pretrain.evaluation.context_length", description=__doc__)
     parser.add_argument("checkpoint", help="a .ckpt, a run directory or a transformers directory")
-    shared = Path(os.environ.get("PRETRAIN_SHARED_DATA", "../shared/data"))
-    parser.add_argument(
-        "--text", default=str(shared / WIKITEXT2_TEST), help="raw text; WikiText-2 test by default"
-    )
+    parser.add_argument("--text", required=True, help=f"raw text, e.g. <data root>/{WIKITEXT2_TEST}")
     parser.add_argument(
         "--document", default=ARTICLE, help="document convention of --text (datamodules.corpus)"
     )
@@ -80,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--context must be >= 2 and --batch-size >= 1, got {args.context}, {args.batch_size}"
             )
         if not Path(args.text).is_file():
-            raise FileNotFoundError(
-                f"--text {args.text} does not exist (set PRETRAIN_SHARED_DATA or pass --text)"
-            )
+            raise FileNotFoundError(f"--text {args.text} does not exist (pass the path of a raw text file)")
         model, tokenizer, specials = load_model_and_tokenizer(args.checkpoint, args.tokenizer)
         if model.config.arch != "decoder":
             raise ValueError(
