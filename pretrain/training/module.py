@@ -32,7 +32,7 @@ from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training import lightning_compat
-from pretrain.training.checkpoint import PAYLOAD
+from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.strategies import optimizer_offloaded
 
