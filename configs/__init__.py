@@ -1,1 +1,1 @@
-"""Config pieces (YAML), shipped as package data: ``pretrain.config.compose`` finds them here."""
+"""Config pieces (YAML), installed as package data ``pretrain.configs``: ``pretrain.config.compose`` finds them."""

@@ -1,1 +1,2 @@
-"""Ready recipes (YAML) and the shipped corpus, shipped as package data so an installed wheel can run them."""
+"""Ready recipes (YAML) and the shipped corpus, installed as package data ``pretrain.recipes`` so an installed
+wheel can run them."""

@@ -8,8 +8,8 @@ A recipe lists its *pieces* and overrides some values::
     trainer: {max_steps: 300}
 
 A recipe is a path or the name of a shipped one (``gpt-tiny``). ``model/gpt-tiny`` is
-``configs/model/gpt-tiny.yaml`` placed under the ``model`` key; ``${pkg:recipes}`` is the installed ``recipes``
-package (shipped data paths resolve from any directory). The pieces are merged in order,
+``configs/model/gpt-tiny.yaml`` placed under the ``model`` key; ``${pkg:pretrain.recipes}`` is the shipped ``recipes``
+folder (shipped data paths resolve from any directory). The pieces are merged in order,
 then the recipe body, then ``key=value`` overrides (OmegaConf dotlist), and ``${...}`` interpolations are resolved.
 ``structured`` then builds the verb's dataclass: an unknown key names its path and the closest valid keys, a wrong
 type names the expected type. Nothing is imported by name.
@@ -29,15 +29,24 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import configs as _config_pieces
-import recipes as _recipes
 
-CONFIG_DIR = Path(_config_pieces.__file__).parent  # shipped as package data (wheel and source tree alike)
-RECIPE_DIR = Path(_recipes.__file__).parent
+def shipped_dir(name: str) -> Path:
+    """The folder of ``pretrain.<name>`` (``configs``, ``recipes``): inside the installed package (a wheel), else
+    the repository's top-level folder that setuptools' ``package-dir`` maps there (a source checkout)."""
+    package = Path(__file__).resolve().parents[1]
+    return package / name if (package / name).is_dir() else package.parent / name
+
+
+CONFIG_DIR = shipped_dir("configs")
+RECIPE_DIR = shipped_dir("recipes")
+SHIPPED = {"pretrain.configs": CONFIG_DIR, "pretrain.recipes": RECIPE_DIR}
 
 
 def _package_dir(name: str) -> str:
-    """``${pkg:NAME}``: the directory of an installed package (located without importing it)."""
+    """``${pkg:NAME}``: a shipped folder of ``SHIPPED`` or the directory of an installed package (located without
+    importing it)."""
+    if name in SHIPPED:
+        return str(SHIPPED[name])
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(f"package {name!r} is not installed (needed by ${{pkg:{name}}}); pip install it")

@@ -1,5 +1,6 @@
 """The wheel works on its own: built from the tree, installed into a fresh virtual environment, it runs a shipped
-recipe by name from an unrelated directory (configs, recipes and the shipped corpus are package data)."""
+recipe by name from an unrelated directory (configs, recipes and the shipped corpus are package data of the one
+namespace ``pretrain``), next to another project's top-level ``configs`` and ``recipes`` packages."""
 
 from __future__ import annotations
 
@@ -28,26 +29,44 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
     skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "runs")
     for name in ("pretrain", "objectives", "datamodules", "configs", "recipes"):
         shutil.copytree(REPO_ROOT / name, source / name, ignore=skip)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO_ROOT / name, source / name)
+    wheels = [source, other_project(tmp_path / "other")]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, source],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            dist,
+            *wheels,
+        ],
         check=True,
         capture_output=True,
     )
     (wheel,) = dist.glob("pretrain-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {
-        "configs/model/gpt-tiny.yaml",
-        "recipes/gpt-tiny.yaml",
-        "recipes/data/tinyshakespeare.txt",
+        "pretrain/configs/model/gpt-tiny.yaml",
+        "pretrain/recipes/gpt-tiny.yaml",
+        "pretrain/recipes/data/tinyshakespeare.txt",
     } <= names
+    assert {n.split("/")[0] for n in names} == {
+        "pretrain",
+        "objectives",
+        "datamodules",
+        "pretrain-0.1.0.dist-info",
+    }
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
     python, script = venv / "bin" / "python", venv / "bin" / "pretrain"
     subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", wheel],
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", *dist.glob("*.whl")],
         check=True,
         capture_output=True,
     )
@@ -56,14 +75,20 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"WANDB_MODE": "offline"}
     where = subprocess.run(
-        [python, "-c", "import pretrain, configs; print(pretrain.__file__, configs.__file__)"],
+        [
+            python,
+            "-c",
+            "import configs, pretrain.config as c; print(c.__file__, c.CONFIG_DIR, c.RECIPE_DIR, configs.WHO)",
+        ],
         cwd=elsewhere,
         env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    assert where.count(str(venv)) == 2, f"the wheel is not what runs: {where}"
+    assert where.count(str(venv)) == 3 and where.split()[-1] == "other", (
+        f"the wheel is not what runs: {where}"
+    )
     for verb in ("tokenizer", "prepare", "fit"):
         done = subprocess.run(
             [script, verb, "gpt-tiny", *QUICK],
@@ -75,3 +100,19 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
         )
         assert done.returncode == 0, f"pretrain {verb} gpt-tiny failed:\n{done.stderr[-2000:]}"
     assert (elsewhere / "runs" / "gpt-tiny" / "checkpoints" / "last.ckpt").is_file()
+
+
+def other_project(root):
+    """Another project's top-level ``configs`` and ``recipes`` packages, holding a ``gpt-tiny`` piece and recipe
+    that would fail to compose if we read them."""
+    for package in ("configs", "recipes"):
+        (root / package / "model").mkdir(parents=True)
+        (root / package / "__init__.py").write_text('WHO = "other"\n')
+    (root / "configs" / "model" / "gpt-tiny.yaml").write_text("d_model: not-a-number\n")
+    (root / "recipes" / "gpt-tiny.yaml").write_text("defaults: [model/none]\n")
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "other-configs"\nversion = "1.0"\n'
+        '[tool.setuptools]\npackages = ["configs", "recipes"]\n'
+        '[tool.setuptools.package-data]\nconfigs = ["**/*.yaml"]\nrecipes = ["*.yaml"]\n'
+    )
+    return root
