@@ -6,6 +6,7 @@ tokenizer/vocab, foreign checkpoint) before any heavy work.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 import string
@@ -54,6 +55,25 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
     )
 
 
+def model_token_ids(run: RunConfig, tokenizer: Any) -> dict[str, int | None]:
+    """``ModelConfig``'s special-token ids, from the tokenizer (roles of ``datamodules.special_tokens`` with the
+    recipe's ``tokenizer.special_tokens``): pad, eos, and for encoder-decoders the first decoder input (T5: pad).
+    ``ValueError`` when the model config sets one that disagrees (they are the tokenizer's, not the model's)."""
+    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
+
+    table = {**DEFAULT_SPECIAL_TOKENS, **run.tokenizer.special_tokens}
+    pad, eos = (tokenizer.token_to_id(table[role]) for role in ("pad", "eos"))
+    ids = {"pad_token_id": pad, "eos_token_id": eos}
+    ids["decoder_start_token_id"] = pad if run.model.arch == "encoder-decoder" else None
+    for name, value in ids.items():
+        if getattr(run.model, name) not in (None, value):
+            raise ValueError(
+                f"model.{name}={getattr(run.model, name)} but the tokenizer {run.tokenizer.path} gives {value}; "
+                f"remove model.{name} (special-token ids come from the tokenizer)"
+            )
+    return ids
+
+
 def resume_path(run: RunConfig) -> Path | None:
     """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
     checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
@@ -86,6 +106,9 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     from pretrain.training.module import PretrainModule
 
     tokenizer = load_tokenizer(run.tokenizer.path)
+    ids = model_token_ids(run, tokenizer)
+    run.model = dataclasses.replace(run.model, **ids)
+    resolved["model"] = {**resolved["model"], **ids}
     objective = build_objective(run, tokenizer)
     datamodule = build_data(run, objective, tokenizer)
     ckpt = resume_path(run)

@@ -184,6 +184,32 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path, capsys, tiny_wo
     assert not (tmp_path / "run").exists()
 
 
+def test_resume_under_other_run_time_settings(trained, tmp_path):
+    """Run-time settings are not the model: the checkpoint resumes with another attention backend and compile (the
+    module is built with them), and trains on with dropout and activation checkpointing."""
+    from pretrain import config
+    from pretrain.training.setup import prepare_run
+
+    resume = [f"resume={trained['ckpt']}", f"run_dir={tmp_path}"]
+    run, resolved = config.load(trained["recipe"], [*resume, "model.attention=flex", "trainer.compile=true"])
+    model = prepare_run(run, resolved)["module"].model
+    assert model.config.attention == "flex" and hasattr(model, "_compiled_call_impl")
+    assert (
+        main(
+            [
+                "fit",
+                str(trained["recipe"]),
+                *resume,
+                "trainer.max_steps=5",
+                "model.dropout=0.1",
+                "trainer.activation_checkpointing=true",
+            ]
+        )
+        == 0
+    )
+    assert read(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 5
+
+
 def test_data_prepared_with_another_tokenizer_is_refused(tmp_path, capsys, tiny_world):  # noqa: F811
     from datamodules.tokenizer import train_bpe
 
