@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, models
 
 import objectives
-from datamodules.indexed import write_indexed
+from datamodules.indexed import IndexedWriter
 from datamodules.pretrain import PretrainDataModule
 from datamodules.special_tokens import all_special_tokens
 
@@ -36,7 +36,9 @@ def synthetic_corpus(root: Path, num_tokens: int, vocab_size: int, seed: int = 0
     rng = np.random.default_rng(seed)
     for split, n in (("train", num_tokens), ("val", num_tokens // 20)):
         tokens = rng.integers(0, vocab_size, n, dtype=np.uint16)
-        write_indexed(root / split, np.array_split(tokens, max(1, n // 1000)), np.uint16)
+        with IndexedWriter(root / split, np.uint16) as writer:  # documents of about 1000 tokens
+            lengths = np.diff(np.linspace(0, n, max(1, n // 1000) + 1).astype(np.int64))
+            writer.add_documents(tokens, lengths)
     return root
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
@@ -92,10 +91,6 @@ class IndexedWriter:
         self.num_documents += len(lengths)
         self.num_tokens += len(tokens)
 
-    def add_document(self, tokens: Iterable[int]) -> None:
-        doc = np.fromiter(tokens, dtype=np.int64) if not isinstance(tokens, np.ndarray) else tokens
-        self.add_documents(doc, np.array([len(doc)]))
-
     def finalize(self) -> None:
         """Write ``prefix.idx`` by streaming the spilled lengths (pointers = running byte offsets)."""
         self._bin.close()
@@ -133,15 +128,6 @@ class IndexedWriter:
             self.finalize()
         else:
             self.abort()
-
-
-def write_indexed(
-    prefix: str | os.PathLike, docs: Iterable[Iterable[int]], dtype: np.dtype | type | str
-) -> None:
-    """Write ``docs`` (each a sequence of token ids, EOS included by the caller) as one indexed dataset."""
-    with IndexedWriter(prefix, dtype) as writer:
-        for doc in docs:
-            writer.add_document(doc)
 
 
 class IndexedDataset:

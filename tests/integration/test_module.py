@@ -242,6 +242,14 @@ def test_reduced_precisions_train(tmp_path, tiny_world, precision):  # noqa: F81
         assert math.isfinite(reduced[step]) and abs(reduced[step] - loss) < 0.03 * loss, (step, loss, reduced)
 
 
+def counted(module, forward, calls):
+    def forward_and_count(*args, **kwargs):
+        calls.extend([1] if module.training else [])
+        return forward(*args, **kwargs)
+
+    return forward_and_count
+
+
 def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world):  # noqa: F811
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -255,11 +263,15 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world)
     )
     run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
-    assert parts["module"].model.gradient_checkpointing
+    blocks = parts["module"].model.fsdp_units()
+    calls = []  # training-mode block forwards: each block runs again in the backward pass when recomputed
+    for block in blocks:  # (module forward hooks do not fire on checkpoint's recomputation: count in forward)
+        block.forward = counted(block, block.forward, calls)
     capture = CaptureGrads()
     build_trainer(run, resolved, callbacks=[capture], loggers=[]).fit(
         parts["module"], datamodule=parts["datamodule"]
     )
+    assert len(calls) == 2 * len(blocks)  # one step of one micro-batch: forward + recomputation
     for name, grad in plain.items():
         torch.testing.assert_close(capture.grads[name], grad, msg=name)
 
@@ -278,7 +290,10 @@ def test_compiled_training_matches_eager(tmp_path, tiny_world):  # noqa: F811
         )
         run, resolved = config.load(recipe)
         parts = prepare_run(run, resolved)
+        torch._dynamo.utils.counters.clear()
         build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert (graphs > 0) is compiled, f"dynamo compiled {graphs} graphs (compile={compiled})"
         losses[compiled] = metric_by_step(read_metrics(tmp_path / str(compiled) / "run"), "train/loss")
     assert len(losses[True]) == 3
     for step, value in losses[False].items():

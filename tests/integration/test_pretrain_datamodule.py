@@ -11,8 +11,8 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from shards import write_shard
 
-from datamodules.indexed import write_indexed
 from datamodules.pretrain import PretrainDataModule
 
 SEQ_LEN = 7  # samples hold SEQ_LEN + 1 raw tokens with the causal objective below
@@ -36,8 +36,8 @@ def make_prepared(root: Path, n_train_tokens: int, first_id: int = 0, n_val_toke
     """A prepared dir with train tokens first_id, first_id+1, ... (a sample's first token names it)."""
     root.mkdir(parents=True)
     train = np.arange(first_id, first_id + n_train_tokens)
-    write_indexed(root / "train", np.array_split(train, 7), np.int32)  # several documents
-    write_indexed(root / "val", [np.arange(VAL_BASE, VAL_BASE + n_val_tokens)], np.int32)
+    write_shard(root / "train", np.array_split(train, 7), np.int32)  # several documents
+    write_shard(root / "val", [np.arange(VAL_BASE, VAL_BASE + n_val_tokens)], np.int32)
     return root
 
 
@@ -245,7 +245,7 @@ def test_every_objective_gets_samples_of_its_raw_length(tmp_path, name):
     rng = np.random.default_rng(0)
     for split in ("train", "val"):
         words = rng.integers(len(specials), len(vocab), 40 * objective.raw_length(seq_len))
-        write_indexed(root / split, np.array_split(words, 10), np.uint16)
+        write_shard(root / split, np.array_split(words, 10), np.uint16)
 
     def batches(num_workers: int) -> list[dict[str, torch.Tensor]]:
         dm = PretrainDataModule(root, objective, seq_len=seq_len, micro_batch_size=4, num_workers=num_workers)

@@ -1,6 +1,7 @@
 """Attention backends: flex equals SDPA for every family and mask kind, sparse block masks equal a reference mask
 built from their definition, block masks skip tiles and are cached, random blocks are reproducible, KV-cache
-decoding works under both backends. Flex runs eagerly (force_eager) except in the one compiled test."""
+decoding runs the prompt under flex and the cached steps under SDPA. Flex runs eagerly (force_eager) except in
+the one compiled test."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_zoo import VARIANTS
 
+from pretrain.models import attention
 from pretrain.models.attention import AttentionMask, MaskInputs, SparsePattern, attend, random_block_table
 from pretrain.models.config import ModelConfig
 from pretrain.models.generation import generate
@@ -157,14 +159,23 @@ def test_sliding_window_block_mask_skips_tiles_and_is_cached():
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama", "t5"])
-def test_kv_cache_decoding_under_both_backends(family):
+def test_kv_cache_decoding_flex_prompt_then_sdpa_steps(family, monkeypatch):
+    """Backend flex: the prompt (T5: the encoder and the first decoder step) runs flex_attention, the cached decode
+    steps SDPA (flex is used without a query offset only); the tokens equal SDPA-only decoding's."""
     sdpa = tiny(family, attention_window=5)
     flex = with_backend(sdpa, "flex")
     x = torch.randint(3, V, (2, 7), generator=torch.Generator().manual_seed(3))
     kw = {"encoder_input_ids": x} if family == "t5" else {}
     prompt = None if family == "t5" else x
+    flex_calls = []
+    kernel = attention._FLEX
+    monkeypatch.setattr(attention, "_FLEX", lambda *a, **k: flex_calls.append(1) or kernel(*a, **k))
     a = generate(sdpa, prompt, 9, greedy=True, **kw)
+    assert not flex_calls
     b = generate(flex, prompt, 9, greedy=True, **kw)
+    prompt_calls = len(flex_calls)
+    generate(flex, prompt, 3, greedy=True, **kw)
+    assert prompt_calls > 0 and len(flex_calls) == 2 * prompt_calls  # as many for 3 new tokens as for 9
     assert torch.equal(a, b)
     with torch.no_grad():  # the cached decode equals the full forward of the generated sequence
         full = flex(x, decoder_input_ids=b) if family == "t5" else flex(b)

@@ -187,9 +187,11 @@ def test_resume_state_must_fit_the_global_batch():
 def test_memory_mapped_corpus_pickles_as_its_location(tmp_path):
     import pickle
 
-    from datamodules.indexed import IndexedDataset, write_indexed
+    from shards import write_shard
 
-    write_indexed(tmp_path / "train", [np.arange(1000)], np.uint16)
+    from datamodules.indexed import IndexedDataset
+
+    write_shard(tmp_path / "train", [np.arange(1000)], np.uint16)
     ds = PackedDataset(IndexedDataset(tmp_path / "train").tokens, 10)
     blob = pickle.dumps(ds)
     assert len(blob) < 1000  # the location, not the 2000 bytes of tokens
