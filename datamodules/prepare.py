@@ -35,6 +35,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
+from datamodules.atomic import replace_path
 from datamodules.corpus import (
     INVALID_UTF8_POLICIES,
     CorpusStats,
@@ -44,6 +45,7 @@ from datamodules.corpus import (
     iter_documents,
     resolve_sources,
 )
+from datamodules.hashing import splitmix64
 from datamodules.indexed import IndexedWriter, token_dtype
 from datamodules.tokenizer import load_tokenizer, resolve_eos
 
@@ -53,18 +55,10 @@ META_FILE = "meta.json"
 _MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser (Steele et al., 2014) on uint64 arrays (wrapping arithmetic)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def val_mask(doc_indices: np.ndarray, seed: int, val_fraction: float) -> np.ndarray:
     """(D,) bool: which documents (by stream index) belong to the validation split."""
-    salt = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
-    u = _splitmix64(doc_indices.astype(np.uint64) + salt) >> np.uint64(11)  # 53 uniform bits
+    salt = splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
+    u = splitmix64(doc_indices.astype(np.uint64) + salt) >> np.uint64(11)  # 53 uniform bits
     return u.astype(np.float64) * 2.0**-53 < val_fraction
 
 
@@ -183,20 +177,6 @@ def _stale_reason(old: dict, inputs: list[dict], tokenizer_hash: str, settings: 
     if old.get("tokenizer_sha256") != tokenizer_hash:
         return "the tokenizer differs"
     return f"the settings differ ({old.get('settings')} -> {settings})"
-
-
-def _swap_in(tmp: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` by the finished ``tmp`` (two renames on one filesystem; never half-written)."""
-    old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-    if out_dir.exists():
-        out_dir.rename(old)
-    try:
-        tmp.rename(out_dir)
-    except BaseException:
-        if old.exists():
-            old.rename(out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _build(
@@ -385,7 +365,7 @@ def prepare(
         }
         (tmp / "tokenizer.json").write_text(tokenizer_json)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-        _swap_in(tmp, out_dir)
+        replace_path(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

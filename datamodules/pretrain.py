@@ -39,6 +39,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from datamodules.dataset import BlendedDataset, PackedDataset, ResumableSampler, Sample, ShardedSampler
+from datamodules.hashing import splitmix64
 from datamodules.indexed import IndexedDataset
 
 TRAIN, VAL = "train", "val"
@@ -53,19 +54,11 @@ class Objective(Protocol):
     def __call__(self, tokens: Tensor, generators: Sequence[torch.Generator]) -> dict[str, Tensor]: ...
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (Steele et al. 2014): a bijective, well-mixing hash of uint64 ``x``."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def sample_seeds(seed: int, stream: int, epochs: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """``(B,)`` uint64 generator seeds, one per sample: a hash chain over (seed, stream, epoch, position)."""
-    h = _splitmix64(np.full(len(epochs), seed, dtype=np.uint64))
+    h = splitmix64(np.full(len(epochs), seed, dtype=np.uint64))
     for value in (np.uint64(stream), np.asarray(epochs, np.uint64), np.asarray(positions, np.uint64)):
-        h = _splitmix64(h ^ value)
+        h = splitmix64(h ^ value)
     return h
 
 

@@ -20,10 +20,11 @@ naming the problem, before any heavy work. This module only parses and dispatche
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import os
 import sys
+
+from datamodules.atomic import STORAGE_ERRNOS
 
 # name -> (module, function adding its arguments, handler returning the exit status, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -103,12 +104,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# a full disk or a file the user may not write: one line, not a traceback
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
-
-
 def _reportable(err: Exception) -> bool:
-    return isinstance(err, (ValueError, FileNotFoundError)) or getattr(err, "errno", None) in _STORAGE_ERRNOS
+    """Bad input, a missing file, or storage refusing a write: one line, not a traceback."""
+    return isinstance(err, (ValueError, FileNotFoundError)) or getattr(err, "errno", None) in STORAGE_ERRNOS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from datamodules import atomic
+from datamodules.atomic import replace_path
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training.checkpoint.convert import (
@@ -19,7 +21,7 @@ from pretrain.training.checkpoint.convert import (
     optimizer_state_by_name,
     optimizer_state_by_position,
 )
-from pretrain.training.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read, replace_path
+from pretrain.training.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read
 from pretrain.training.checkpoint.resume import check_compatible, find_resume, is_valid
 
 CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
@@ -196,10 +198,13 @@ def named_optimizer(a: str, b: str) -> tuple[torch.optim.Optimizer, torch.nn.Mod
     return optimizer, module
 
 
+@pytest.mark.parametrize("exchange", [True, False])
 @pytest.mark.parametrize("old", ["file", "directory", None])
-def test_replace_path_swaps_in_a_complete_checkpoint(tmp_path, old):
-    """A sharded save lands by one rename: the new directory replaces a previous file or directory (or nothing),
-    and nothing of the old one or the temporary name is left."""
+def test_replace_path_swaps_in_a_complete_checkpoint(tmp_path, monkeypatch, old, exchange):
+    """A sharded save lands by one rename (or two, without renameat2): the new directory replaces a previous file
+    or directory (or nothing), and nothing of the old one or the temporary name is left."""
+    if not exchange:
+        monkeypatch.setattr(atomic, "_rename_exchange", lambda src, dst: False)
     target = tmp_path / "last.ckpt"
     if old == "file":
         target.write_text("old")
@@ -212,6 +217,25 @@ def test_replace_path_swaps_in_a_complete_checkpoint(tmp_path, old):
     replace_path(new, target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
     assert sorted(p.name for p in target.iterdir()) == ["meta.pt"]
+
+
+def test_replace_path_without_exchange_puts_the_old_one_back_on_failure(tmp_path, monkeypatch):
+    target, new = tmp_path / "data", tmp_path / ".data.tmp"
+    (target / "old").mkdir(parents=True)
+    new.mkdir()
+    monkeypatch.setattr(atomic, "_rename_exchange", lambda src, dst: False)
+    real, calls = os.replace, []
+
+    def second_fails(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", second_fails)
+    with pytest.raises(OSError, match="No space"):
+        replace_path(new, target)
+    assert (target / "old").is_dir() and new.is_dir()
 
 
 def test_consolidate_rejects_other_directories(tmp_path):

@@ -3,13 +3,10 @@ weights-only read, the atomic directory swap for sharded checkpoints, and which 
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import pickle
 import secrets
-import shutil
-import sys
 import tempfile
 import warnings
 import zipfile
@@ -21,6 +18,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
+from datamodules.atomic import STORAGE_ERRNOS, replace_path
+
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
 # A sharded checkpoint is a directory holding METADATA (the Lightning checkpoint without weights and optimizer
 # state, ``torch.load(weights_only=True)``-able) and either torch.distributed.checkpoint shards (FSDP: DCP's
@@ -28,9 +27,6 @@ PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
 METADATA = "meta.pt"
 DCP_METADATA = ".metadata"
 DEEPSPEED_LATEST = "latest"
-
-
-STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 class CheckpointWriteError(OSError):
@@ -131,32 +127,6 @@ def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> 
                 f"load refuses; it was not written by `pretrain fit` (or was altered) and is not loaded"
             ) from err
         raise ValueError(f"checkpoint {path} is unreadable (truncated, corrupt or not a checkpoint)") from err
-
-
-def _rename_exchange(src: Path, dst: Path) -> bool:
-    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if not hasattr(libc, "renameat2"):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return libc.renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_exchange) == 0
-
-
-def replace_path(src: Path, dst: Path) -> None:
-    """Move the complete ``src`` (file or directory) to ``dst``, replacing whatever is there in one atomic step
-    (an exchange of the two names, then the old one is deleted); a reader never sees a partial checkpoint."""
-    if dst.exists() and _rename_exchange(src, dst):
-        old = src
-    elif dst.exists():  # no atomic exchange on this platform: two renames, the old copy kept until the second
-        old = dst.with_name(f".{dst.name}.old-{secrets.token_hex(4)}")
-        os.replace(dst, old)
-        os.replace(src, dst)
-    else:
-        os.replace(src, dst)
-        return
-    shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 @contextmanager
