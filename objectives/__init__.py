@@ -13,7 +13,7 @@ import inspect
 from objectives.base import Objective
 from objectives.clm import CausalLM
 from objectives.glove import GloVe
-from objectives.loss import IGNORE_INDEX, global_mean, micro_batch_loss, token_cross_entropy
+from objectives.loss import IGNORE_INDEX, token_cross_entropy
 from objectives.mlm import MaskedLM
 from objectives.prefix_lm import PrefixLM
 from objectives.sgns import SkipGram
@@ -58,8 +58,6 @@ __all__ = [
     "SkipGram",
     "SpanCorruption",
     "build",
-    "global_mean",
-    "micro_batch_loss",
     "options",
     "token_cross_entropy",
 ]

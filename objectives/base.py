@@ -131,10 +131,6 @@ class Objective(abc.ABC):
             raise ValueError(f"tokens must be a LongTensor (B, L), got {tuple(tokens.shape)} {tokens.dtype}")
         return self.prepare(tokens, row_generators(generator, tokens.shape[0]))
 
-    def per_sample(self, tokens: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
-        """The objective on one sample ``tokens (L,)``; stacking results equals the batch call."""
-        return {k: v[0] for k, v in self(tokens[None], [generator]).items()}
-
     def loss(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """``(sum of token cross-entropy over targets, number of targets)``; divide by the global count."""
         return token_cross_entropy(logits, labels)

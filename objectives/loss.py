@@ -6,14 +6,12 @@ With gradient accumulation over micro-batches m and data-parallel ranks r, the c
 
 (S = summed token cross-entropy, N = number of targets), not the mean of per-micro-batch means
 ``mean_{r,m}(S_{r,m} / N_{r,m})``, which over-weights micro-batches with few targets (MLM and span corruption
-have a varying number of targets per micro-batch).
+have a varying number of targets per micro-batch). The objectives return ``(S, N)`` per micro-batch; the training
+step (``pretrain.training.module``) all-reduces N over the step and normalises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -32,19 +30,3 @@ def token_cross_entropy(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]
         reduction="sum",
     )
     return loss_sum, (labels != IGNORE_INDEX).sum()
-
-
-def global_mean(loss_sums: Sequence[Tensor] | Tensor, num_targets: Sequence[Tensor] | Tensor) -> Tensor:
-    """Mean token loss of a global batch from its parts' sums and target counts: ``sum(S) / sum(N)``."""
-    total = torch.stack(list(loss_sums)).sum() if not isinstance(loss_sums, Tensor) else loss_sums.sum()
-    count = torch.stack(list(num_targets)).sum() if not isinstance(num_targets, Tensor) else num_targets.sum()
-    return total / count.clamp_min(1)
-
-
-def micro_batch_loss(loss_sum: Tensor, global_num_targets: Tensor | int, world_size: int = 1) -> Tensor:
-    """The value to backpropagate for one micro-batch so the accumulated gradient is that of ``global_mean``.
-
-    ``global_num_targets`` = N summed over all micro-batches of the step and all ranks (all-reduced
-    beforehand). The ``world_size`` factor undoes the gradient averaging of data-parallel training.
-    """
-    return loss_sum * world_size / torch.as_tensor(global_num_targets).clamp_min(1)

@@ -14,19 +14,18 @@ that each unit is covered with probability ``mlm_probability``:
 
     1 - prod_{k=0}^{M-1} (1 - q * P(len > k)) = mlm_probability.
 
-Packed pretraining input ``x (B, T-2)`` becomes ``[CLS] x [SEP]``; sentence pairs ``[CLS] A [SEP] B [SEP]``
-with token types are built by ``pair_inputs`` and masked by ``mask``.
+Packed pretraining input ``x (B, T-2)`` becomes ``[CLS] x [SEP]``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
-from objectives.base import Generators, Objective, lookup, rand_rows, row_generators, special_id_table
+from objectives.base import Objective, lookup, rand_rows, special_id_table
 from objectives.loss import IGNORE_INDEX
 
 WORD_MARKERS = ("Ġ", "▁", "##")  # byte-level BPE, SentencePiece (word starts) and WordPiece (continuations)
@@ -123,23 +122,6 @@ class MaskedLM(Objective):
             [tokens.new_full((B, 1), self.cls_id), tokens, tokens.new_full((B, 1), self.sep_id)], dim=1
         )
         return self._mask({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}, generators)
-
-    def pair_inputs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, Tensor]:
-        """``[CLS] A [SEP] B [SEP]`` per pair, right-padded: input_ids, token_type_ids, attention_mask (B, T)."""
-        rows = [[self.cls_id, *a, self.sep_id, *b, self.sep_id] for a, b in pairs]
-        T = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
-        token_type_ids = torch.zeros_like(input_ids)
-        attention_mask = torch.zeros_like(input_ids)
-        for i, ((a, _), row) in enumerate(zip(pairs, rows)):
-            input_ids[i, : len(row)] = torch.tensor(row)
-            token_type_ids[i, len(a) + 2 : len(row)] = 1
-            attention_mask[i, : len(row)] = 1
-        return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
-
-    def mask(self, batch: Mapping[str, Tensor], generator: Generators) -> dict[str, Tensor]:
-        """Mask already formatted sequences (e.g. from ``pair_inputs``); other keys pass through."""
-        return self._mask(dict(batch), row_generators(generator, batch["input_ids"].shape[0]))
 
     def _unit_ids(self, input_ids: Tensor, special: Tensor) -> Tensor | None:
         """``(B, T)`` index of each token's word (its selection unit), or None when units are tokens."""

@@ -40,8 +40,8 @@ def test_per_sample_seeding_independent_of_batch_split(key):
         obj(tokens[6:], generators(seeds[6:]))
     ]
     assert_equal_batches(whole, {k: torch.cat([h[k] for h in halves]) for k in whole})
-    samples = [obj.per_sample(tokens[i], g) for i, g in enumerate(generators(seeds))]
-    assert_equal_batches(whole, {k: torch.stack([s[k] for s in samples]) for k in whole})
+    samples = [obj(tokens[i : i + 1], [g]) for i, g in enumerate(generators(seeds))]
+    assert_equal_batches(whole, {k: torch.cat([s[k] for s in samples]) for k in whole})
 
 
 @pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))

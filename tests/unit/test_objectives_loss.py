@@ -1,4 +1,5 @@
-"""Token-weighted loss over the global batch (objectives/loss.py) and the metrics of the objectives."""
+"""Token cross-entropy as (sum, count) (objectives/loss.py; the global-batch normalisation of the training step is
+tested against one big batch in tests/integration/test_module.py) and the metrics of the objectives."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from objective_data import build
 
-from objectives.loss import IGNORE_INDEX, global_mean, micro_batch_loss, token_cross_entropy
+from objectives.loss import IGNORE_INDEX, token_cross_entropy
 
 
 def random_batch(seed: int, B: int = 4, T: int = 7, V: int = 11, keep: float = 0.5):
@@ -31,35 +32,6 @@ def test_bfloat16_logits_are_summed_in_float32():
     logits, labels = random_batch(1, T=64, V=50)
     exact, _ = token_cross_entropy(logits.bfloat16().float(), labels)
     torch.testing.assert_close(token_cross_entropy(logits.bfloat16(), labels)[0], exact)
-
-
-def test_accumulated_gradient_equals_global_token_mean():
-    """Micro-batches with very different target counts: the accumulated gradient of micro_batch_loss over
-    2 'ranks' x 2 micro-batches equals that of the global token mean, and differs from the mean of means."""
-    parts = [random_batch(s, keep=k) for s, k in zip(range(4), (0.9, 0.1, 0.5, 0.2))]
-    weight = torch.randn(11, 11, requires_grad=True)
-
-    def sums(i):
-        logits, labels = parts[i]
-        return token_cross_entropy(logits @ weight, labels)
-
-    total = sum(sums(i)[1] for i in range(4))
-    reference = global_mean([sums(i)[0] for i in range(4)], [sums(i)[1] for i in range(4)])
-    (expected,) = torch.autograd.grad(reference, weight)
-
-    world_size = 2
-    rank_grads = []
-    for rank in range(world_size):  # DDP averages the ranks' accumulated gradients
-        loss = sum(micro_batch_loss(sums(i)[0], total, world_size) for i in (2 * rank, 2 * rank + 1))
-        rank_grads.append(torch.autograd.grad(loss, weight)[0])
-    torch.testing.assert_close(sum(rank_grads) / world_size, expected)
-
-    mean_of_means = sum(sums(i)[0] / sums(i)[1] for i in range(4)) / 4
-    assert not torch.allclose(mean_of_means, reference, rtol=1e-3)
-
-
-def test_global_mean_accepts_stacked_tensors():
-    torch.testing.assert_close(global_mean(torch.tensor([2.0, 4.0]), torch.tensor([1, 3])), torch.tensor(1.5))
 
 
 def test_metrics_sum_across_batches_to_global_accuracy_and_perplexity():

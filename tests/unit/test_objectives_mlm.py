@@ -166,20 +166,6 @@ def test_span_masking_is_spanbert_like():
     assert (lengths <= 10).float().mean() > 0.98
 
 
-def test_pair_inputs_layout_and_masking():
-    obj = objectives.build("mlm", tiny_tokenizer())
-    batch = obj.pair_inputs([([11, 12, 13], [14, 15]), ([16], [17])])
-    c, s, p = obj.cls_id, obj.sep_id, obj.pad_id
-    assert batch["input_ids"].tolist() == [[c, 11, 12, 13, s, 14, 15, s], [c, 16, s, 17, s, p, p, p]]
-    assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0, 0, 0]]
-    assert batch["attention_mask"].tolist() == [[1] * 8, [1] * 5 + [0] * 3]
-    many = obj.pair_inputs([([200 + i] * 30, [300 + i] * 30) for i in range(64)])
-    out = obj.mask(many, torch.Generator().manual_seed(0))
-    assert torch.equal(out["token_type_ids"], many["token_type_ids"])
-    selected = out["labels"] != IGNORE_INDEX
-    assert selected.any() and not obj.is_special[many["input_ids"][selected]].any()
-
-
 @settings(max_examples=30, deadline=None)
 @given(
     length=st.integers(3, 80),
