@@ -18,7 +18,9 @@ item names the public behaviour it stands in for:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,31 @@ from torch import nn
 from pretrain.training.checkpoint.io import atomic_directory
 
 TESTED_WITH = {"lightning": "2.6.6", "deepspeed": "0.19.8", "torch": "2.13.0"}
+
+
+def untested_versions() -> dict[str, str]:
+    """``{package: installed version}`` of the installed ``TESTED_WITH`` packages at another release (a local
+    build tag such as ``+cpu`` aside)."""
+    found = {}
+    for name, tested in TESTED_WITH.items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if installed.split("+")[0] != tested:
+            found[name] = installed
+    return found
+
+
+def warn_if_untested() -> None:
+    """One warning naming the packages whose private internals used here may have changed."""
+    if found := untested_versions():
+        listed = ", ".join(f"{n} {v} (tested: {TESTED_WITH[n]})" for n, v in sorted(found.items()))
+        warnings.warn(
+            f"pretrain.training.lightning_compat uses private internals tested with other releases: {listed}; "
+            "check the items of its docstring if training misbehaves",
+            stacklevel=2,
+        )
 
 
 def should_update_logs(trainer: Any) -> bool:

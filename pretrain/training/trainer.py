@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from pretrain.config import RunConfig
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
+from pretrain.training.lightning_compat import warn_if_untested
 from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
@@ -97,6 +98,7 @@ def build_trainer(
 ) -> L.Trainer:
     """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
     t = run.trainer
+    warn_if_untested()
     strategy = build_strategy(run)
     k = t.accumulate_grad_batches
     trainer = L.Trainer(
