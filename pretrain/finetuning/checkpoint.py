@@ -1,13 +1,15 @@
-"""``finetuned.pt``: the finetuned weights with everything needed to rebuild the model (config, tokenizer,
-label names); loaded with ``torch.load(weights_only=True)``."""
+"""Finetuning checkpoints: the section ``last.ckpt`` carries (``finetune_payload``: the backbone's config and
+tokenizer as `pretrain fit` writes them, so `pretrain export` reads a text-to-text checkpoint, plus the finetuning
+config and labels), and ``finetuned.pt``: the finetuned weights with everything needed to rebuild the model,
+consolidated from the run's checkpoint under any strategy; loaded with ``torch.load(weights_only=True)``."""
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from tokenizers import Tokenizer
 from torch import nn
@@ -18,24 +20,40 @@ from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Transformer
 
 
-def save_finetuned(
-    path: Path,
+def finetune_payload(
     cfg: FinetuneConfig,
-    module: L.LightningModule,
+    model: nn.Module,
     tokenizer: Tokenizer,
+    roles: dict[str, str],
     label_names: list[str] | None,
-) -> None:
-    """Weights + everything needed to rebuild the model (``load_finetuned``); loadable with weights_only=True."""
-    model = module.model
+) -> dict[str, Any]:
+    """The run's section of every checkpoint (``pretrain.training.checkpoint.PAYLOAD``)."""
     backbone = model.backbone if isinstance(model, TaskModel) else model
+    return {
+        "config": {"model": dataclasses.asdict(backbone.config), "tokenizer": {"special_tokens": roles}},
+        "tokenizer_json": tokenizer.to_str(),
+        "finetune": dataclasses.asdict(cfg),
+        "label_names": label_names,
+        "num_outputs": model.head.out.out_features if isinstance(model, TaskModel) else None,
+    }
+
+
+def save_finetuned(path: Path, checkpoint: Path) -> None:
+    """``finetuned.pt`` from a finetuning run's checkpoint: a file, or a sharded FSDP / DeepSpeed directory
+    (consolidated with ``pretrain.training.checkpoint.consolidate``)."""
+    from pretrain.training.checkpoint import PAYLOAD, consolidate, model_state, read
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = read(consolidate(checkpoint, Path(tmp) / "consolidated.ckpt"))
+    info = saved[PAYLOAD]
     torch.save(
         {
-            "state_dict": model.state_dict(),
-            "config": dataclasses.asdict(cfg),
-            "model_config": dataclasses.asdict(backbone.config),
-            "tokenizer_json": tokenizer.to_str(),
-            "label_names": label_names,
-            "num_outputs": model.head.out.out_features if isinstance(model, TaskModel) else None,
+            "state_dict": model_state(saved),
+            "config": info["finetune"],
+            "model_config": info["config"]["model"],
+            "tokenizer_json": info["tokenizer_json"],
+            "label_names": info["label_names"],
+            "num_outputs": info["num_outputs"],
         },
         path,
     )

@@ -17,11 +17,11 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch import nn
 
-from pretrain.config import RunConfig
+from pretrain.config.run import TrainingRun
 from pretrain.training.checkpoint import AtomicCheckpointIO
 
 
-def deepspeed_config(run: RunConfig) -> dict[str, Any]:
+def deepspeed_config(run: TrainingRun) -> dict[str, Any]:
     """DeepSpeed JSON config for ZeRO stage 1/2/3 with optional CPU offload.
 
     The micro-batch is the datamodule's (Lightning cannot infer it from our batch sampler); Lightning fills in
@@ -52,7 +52,7 @@ def deepspeed_config(run: RunConfig) -> dict[str, Any]:
     }
 
 
-def optimizer_offloaded(run: RunConfig) -> bool:
+def optimizer_offloaded(run: TrainingRun) -> bool:
     """Whether the optimizer steps on the CPU (DeepSpeed ZeRO offload: DeepSpeedCPUAdam)."""
     return run.strategy.name == "deepspeed" and run.strategy.deepspeed.offload_optimizer
 
@@ -81,12 +81,12 @@ def shard_blocks(
             fully_shard(child, **options)
 
 
-def collective_timeout(run: RunConfig) -> timedelta:
+def collective_timeout(run: TrainingRun) -> timedelta:
     """How long a collective may wait: past the hang guard's stack dump (``guards.hang``)."""
     return timedelta(seconds=run.guards.hang.collective_timeout_seconds)
 
 
-def build_fsdp(run: RunConfig, block_classes: Iterable[type[nn.Module]]) -> Strategy:
+def build_fsdp(run: TrainingRun, block_classes: Iterable[type[nn.Module]]) -> Strategy:
     from functools import partial
 
     from pretrain.training.lightning_compat import PerModuleSharding
@@ -110,7 +110,7 @@ def build_fsdp(run: RunConfig, block_classes: Iterable[type[nn.Module]]) -> Stra
     return strategy
 
 
-def build_deepspeed(run: RunConfig) -> Strategy:
+def build_deepspeed(run: TrainingRun) -> Strategy:
     if run.trainer.accelerator == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
     try:
@@ -124,7 +124,7 @@ def build_deepspeed(run: RunConfig) -> Strategy:
     return DeepSpeedAnyDevice(config=deepspeed_config(run), timeout=collective_timeout(run))
 
 
-def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
+def build_strategy(run: TrainingRun, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
     """``auto`` | DDP | FSDP2 (one unit per transformer block) | DeepSpeed ZeRO, from ``run.strategy``."""
     s = run.strategy
     if s.name == "auto":
