@@ -56,6 +56,18 @@ class FreezeConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA through ``peft`` (``pretrain.finetuning.lora``): rank ``r``, scale ``alpha / r``, dropout on the
+    adapter's input, and the block linears adapted (names of ``pretrain.models.transformer``: ``qkv`` / ``q``,
+    ``kv`` (cross-attention), ``out``, ``fc``, ``proj``). The rest of the backbone is frozen."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["qkv", "out", "fc", "proj"])
+
+
+@dataclass
 class FinetuneDataConfig:
     """Files and encoding. Classification/regression: GLUE-style TSV/JSONL (``datamodules.finetune``). Text-to-text:
     a GLUE file rendered as text (``task``), or line-aligned ``train_file`` / ``train_target_file`` (e.g. Multi30k)."""
@@ -100,6 +112,7 @@ class FinetuneConfig:
     init: InitConfig = field(default_factory=InitConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    lora: LoRAConfig | None = None  # low-rank adapters instead of training the whole backbone
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     metrics: list[str] | None = (
         None  # None: GLUE's metrics for data.task, accuracy / pearson+spearman otherwise
@@ -145,6 +158,8 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
             "sentence-level); use pretrain.models.heads.TaskModel with FinetuneModule from Python"
         )
     _check_training(cfg)
+    if cfg.lora is not None:
+        _check_lora(cfg)
     if cfg.freeze.layers < 0:
         raise ValueError(f"freeze.layers must be >= 0, got {cfg.freeze.layers}")
     return cfg
@@ -171,6 +186,19 @@ def _check_training(cfg: FinetuneConfig) -> None:
             f"decoding.strategy=beam is not supported under strategy {cfg.strategy.name} (sharded ranks must "
             "decode in step and beam search stops per rank); use greedy or sample, or strategy ddp"
         )
+
+
+def _check_lora(cfg: FinetuneConfig) -> None:
+    lora = cfg.lora
+    if lora.r < 1 or not lora.alpha > 0 or not 0 <= lora.dropout < 1:
+        raise ValueError(
+            f"lora needs r >= 1, alpha > 0 and 0 <= dropout < 1, got r={lora.r}, alpha={lora.alpha}, "
+            f"dropout={lora.dropout}"
+        )
+    if not lora.target_modules:
+        raise ValueError("lora.target_modules is empty; name the block linears to adapt, e.g. [qkv, out]")
+    if cfg.freeze.embeddings or cfg.freeze.layers:
+        raise ValueError("freeze does not apply with lora (LoRA freezes the whole backbone); drop freeze.*")
 
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> FinetuneConfig:

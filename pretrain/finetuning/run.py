@@ -27,6 +27,10 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
     datamodule = build_datamodule(cfg, tokenizer, backbone.config.arch, roles)
     datamodule.setup("fit")
     freeze(backbone, cfg.freeze.embeddings, cfg.freeze.layers)
+    if cfg.lora is not None:
+        from pretrain.finetuning.lora import add_lora
+
+        add_lora(backbone, cfg.lora)
     if cfg.head.kind == "text2text":
         from datamodules.special_tokens import special_token_id
 
@@ -40,6 +44,12 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
             backbone, cfg.head.kind, datamodule.num_labels, pooling=cfg.head.pooling, dropout=cfg.head.dropout
         )
         module = FinetuneModule(model, cfg, num_labels=datamodule.num_labels, regression=regression)
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from pretrain.finetuning.lora import trainable_summary
+
+    if rank_zero_only.rank == 0:
+        print(trainable_summary(module.model))
     return {
         "module": module,
         "datamodule": datamodule,
@@ -53,6 +63,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     """Train under ``cfg.strategy`` with `pretrain fit`'s Trainer (``build_trainer``: DDP, FSDP2, DeepSpeed ZeRO;
     ``last.ckpt`` every ``checkpoint.every_n_steps``, resumed by ``resume``), evaluate the whole validation
     file, write ``results.json`` (and ``finetuned.pt``); return the results."""
+    from pretrain.finetuning.lora import parameter_counts
     from pretrain.models.transformer import Block
     from pretrain.training.cli import resume_mismatch, strategy_reads
     from pretrain.training.setup import resume_path
@@ -74,6 +85,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         "name": cfg.name,
         "steps": trainer.global_step,
         "train_seconds": round(train_seconds, 1),
+        "trainable_parameters": parameter_counts(module.model)[0],
     }
     if datamodule.val_dataloader():  # the whole file, each example once over the ranks
         trainer.limit_val_batches = 1.0

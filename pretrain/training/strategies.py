@@ -66,18 +66,19 @@ def shard_blocks(
     cpu_offload: bool = False,
 ) -> None:
     """FSDP2: ``fully_shard`` every block (a ``block_classes`` instance), then each top-level child holding
-    parameters (the backbone: embeddings, final norm, heads). In place."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    parameters (the backbone: embeddings, final norm, heads). In place; modules already sharded (a Trainer's
+    ``validate`` after its ``fit``) are left as they are."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
     blocks = tuple(block_classes)
     for submodule in list(module.modules()):
-        if blocks and isinstance(submodule, blocks):
+        if blocks and isinstance(submodule, blocks) and not isinstance(submodule, FSDPModule):
             fully_shard(submodule, **options)
     for child in module.children():
-        if any(True for _ in child.parameters()):
+        if any(True for _ in child.parameters()) and not isinstance(child, FSDPModule):
             fully_shard(child, **options)
 
 
