@@ -13,7 +13,11 @@ from pathlib import Path
 
 
 def main(configs_json: str) -> None:
+    import torch
+
     from pretrain.finetuning.config import validate
+
+    torch.set_num_threads(1)  # two ranks on a shared CPU: tiny kernels, no OpenMP contention
     from pretrain.finetuning.run import run
 
     for raw in json.loads(Path(configs_json).read_text()):

@@ -18,6 +18,7 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: one thread beats two contended ones
 GPT = {"arch": "decoder", "n_layer": 2, "position": "learned", "init": "gpt2", "tie_embeddings": True}
 LLAMA = {
     "arch": "decoder",

@@ -14,6 +14,7 @@ import torch
 from pretrain.finetuning.config import validate
 from pretrain.finetuning.run import run
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: one thread beats two contended ones
 FILLER = ["the", "film", "movie", "plot", "was", "is", "a", "really", "quite", "so"]
 TINY = {"vocab_size": 448, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 32}
 BERT = TINY | {
@@ -79,7 +80,12 @@ def _raw(files: Path, run_dir: Path, model: dict, steps: int, **sections) -> dic
             "max_length": 16,
         },
         "optim": {"lr": 1e-2, "warmup_steps": 10, "weight_decay": 0.0},
-        "trainer": {"max_steps": steps, "accelerator": "cpu", "val_check_interval": 1000, "progress_bar": False},
+        "trainer": {
+            "max_steps": steps,
+            "accelerator": "cpu",
+            "val_check_interval": 1000,
+            "progress_bar": False,
+        },
         "checkpoint": {"every_n_steps": 1000},
         "guards": {"hang": {"enabled": False}},
     }
@@ -89,14 +95,17 @@ def _raw(files: Path, run_dir: Path, model: dict, steps: int, **sections) -> dic
 def test_lora_learns_what_a_frozen_backbone_head_cannot(xor_files, tmp_path, capsys):
     """Same random backbone, same steps: the head on the frozen backbone stays near chance on XOR; with LoRA
     adapters (a few % of the parameters trainable) the model learns it."""
-    frozen = run(validate(_raw(xor_files, tmp_path / "frozen", BERT, 200, freeze={"embeddings": True, "layers": 2})))
+    frozen = run(
+        validate(_raw(xor_files, tmp_path / "frozen", BERT, 200, freeze={"embeddings": True, "layers": 2}))
+    )
     lora = run(validate(_raw(xor_files, tmp_path / "lora", BERT, 200, lora={"r": 8, "alpha": 16})))
     printed = capsys.readouterr().out
     assert "trainable parameters:" in printed
     assert lora["trainable_parameters"] < 0.2 * sum(
-        p.numel() for p in torch.load(tmp_path / "lora" / "finetuned.pt", weights_only=True)["state_dict"].values()
+        p.numel()
+        for p in torch.load(tmp_path / "lora" / "finetuned.pt", weights_only=True)["state_dict"].values()
     )
-    assert frozen["val"]["accuracy"] < 0.6 < 0.75 < lora["val"]["accuracy"]
+    assert frozen["val"]["accuracy"] < 0.6 and lora["val"]["accuracy"] > 0.75
 
 
 def test_lora_merged_export_gives_the_unmerged_logits(xor_files, tmp_path):
