@@ -7,12 +7,13 @@ Recipes compose and validate through ``pretrain.config.compose``; the model sect
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from datamodules.corpus import document_mode
-from pretrain.config.compose import compose, structured
+from pretrain.config.compose import check_run_name, check_type, compose, structured
 from pretrain.models.config import ModelConfig
 
 ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
@@ -236,6 +237,7 @@ class RunConfig:
 def validate(raw: dict[str, Any]) -> RunConfig:
     """Typed ``RunConfig`` from a resolved dict, with cross-field checks."""
     run = structured(RunConfig, raw)
+    check_run_name(run.name)
     if run.run_dir is None:
         run.run_dir = f"runs/{run.name}"
     t = run.trainer
@@ -288,6 +290,12 @@ def _check_objective(o: ObjectiveConfig) -> None:
             f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
             f"if they come from another objective's piece, drop them with ~objective.options"
         )
+    hints = typing.get_type_hints(objectives.OBJECTIVES[o.name].__init__)
+    for name, value in o.options.items():
+        try:
+            o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")
+        except TypeError:  # a type the schema checker does not model (e.g. a Mapping): the objective checks it
+            continue
 
 
 def _check_optim(o: OptimConfig) -> None:

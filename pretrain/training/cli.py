@@ -50,7 +50,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
-        if run.logger.csv:
+        if run.logger.csv and any((Path(run.run_dir) / "logs").glob("version_*/metrics.csv")):
             from pretrain.training.plots import plot_runs
 
             print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
@@ -92,7 +92,11 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
                 lines.append(f"  upload with: wandb sync {run_dir}")
             wandb.finish()
         elif isinstance(logger, CSVLogger):
-            lines.append(f"metrics CSV: {Path(logger.log_dir) / 'metrics.csv'}")
+            csv_file = Path(logger.log_dir) / "metrics.csv"
+            if csv_file.is_file():
+                lines.append(f"metrics CSV: {csv_file}")
+            else:
+                lines.append(f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})")
     print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
 
 

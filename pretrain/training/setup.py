@@ -26,7 +26,28 @@ def build_objective(run: RunConfig, tokenizer: Any) -> Any:
     objective = objectives.build(run.objective.name, tokenizer, **options)
     objective.check_architecture(run.model.arch)
     check_tokenizer(tokenizer, run.model.vocab_size, objective.required_tokens, run.tokenizer.special_tokens)
+    check_monitor(run, objective)
     return objective
+
+
+def check_monitor(run: RunConfig, objective: Any) -> None:
+    """``checkpoint.monitor`` names a metric the validation logs (else the best-k callback fails only at the first
+    validation, possibly hours in)."""
+    import difflib
+
+    import torch
+
+    if run.checkpoint.save_top_k <= 0:
+        return
+    one = torch.tensor(1.0)
+    logged = sorted(f"val/{k}" for k in objective.summarize({"loss_sum": one, "num_targets": one, "num_correct": one}))
+    if run.checkpoint.monitor not in logged:
+        close = difflib.get_close_matches(run.checkpoint.monitor, logged, n=1, cutoff=0.5)
+        raise ValueError(
+            f"checkpoint.monitor={run.checkpoint.monitor!r} is not a metric the validation logs ({logged})"
+            + (f"; did you mean {close[0]!r}?" if close else "; pick one of them")
+            + " (or checkpoint.save_top_k=0 to keep only last.ckpt)"
+        )
 
 
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:

@@ -115,7 +115,7 @@ def build_trainer(
         check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches,
         num_sanity_val_steps=0,
-        log_every_n_steps=t.log_every_n_steps,
+        log_every_n_steps=min(t.log_every_n_steps, t.max_steps),  # a short run still logs its last step
         logger=build_loggers(run, resolved, wandb_id) if loggers is None else loggers,
         callbacks=[*build_callbacks(run), *callbacks],
         plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,
