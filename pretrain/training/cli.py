@@ -33,6 +33,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is not None and not strategy_reads(run.strategy.name, parts["ckpt"]):
         raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
+    if parts["ckpt"] is not None and _finished(run, parts["ckpt"]):
+        return 0
     module = parts["module"]
     trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
     try:
@@ -55,6 +57,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
             print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
     return 0
+
+
+def _finished(run: RunConfig, ckpt: Path) -> bool:
+    """A run already at ``trainer.max_steps``: say so (and how to train more) instead of training 0 steps."""
+    from pretrain.training.checkpoint import checkpoint_step
+
+    step = checkpoint_step(ckpt)
+    if step < run.trainer.max_steps:
+        return False
+    print(
+        f"\n== pretrain fit: nothing to train ==\n  steps: {step} (run {run.name!r} already reached "
+        f"trainer.max_steps={run.trainer.max_steps}; checkpoint: {ckpt})\n  to train it further raise "
+        f"trainer.max_steps; for a new run set name=NEW (or resume=null to overwrite this one)"
+    )
+    return True
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -1,0 +1,26 @@
+"""Runs that used to end in a wrong or misleading result (issue 22): a run shorter than the log interval, a
+finished run fitted again, a baseline run that ignored ``resume``."""
+
+from __future__ import annotations
+
+from training_utils import read_metrics, tiny_recipe, tiny_world  # noqa: F401
+
+from pretrain.cli import main
+
+
+def test_a_run_shorter_than_the_log_interval_logs_and_plots(capsys, tmp_path, tiny_world):  # noqa: F811
+    recipe = tiny_recipe(
+        tmp_path, tiny_world, "gpt", trainer={"max_steps": 3, "log_every_n_steps": 10, "val_check_interval": 100}
+    )
+    assert main(["fit", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    csv_file = tmp_path / "run" / "logs" / "version_0" / "metrics.csv"
+    assert f"metrics CSV: {csv_file}" in out and csv_file.is_file()
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "run") if r.get("train/loss")] == [2]
+    assert (tmp_path / "run" / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+    # fitted again, the finished run says so and how to go on, instead of silently training 0 steps
+    assert main(["fit", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to train" in out and "already reached trainer.max_steps=3" in out and "name=NEW" in out
+    assert not (tmp_path / "run" / "logs" / "version_1").exists()  # no Trainer was built
