@@ -24,3 +24,32 @@ def test_a_run_shorter_than_the_log_interval_logs_and_plots(capsys, tmp_path, ti
     out = capsys.readouterr().out
     assert "nothing to train" in out and "already reached trainer.max_steps=3" in out and "name=NEW" in out
     assert not (tmp_path / "run" / "logs" / "version_1").exists()  # no Trainer was built
+
+
+def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_path, tiny_world):  # noqa: F811
+    run_dir = tmp_path / "lstm"
+    common = [
+        f"run_dir={run_dir}",
+        f"tokenizer.path={tiny_world['tokenizer']}",
+        f"data.sources.0.text=[{tiny_world['corpus']}]",  # as the fixture prepared it: reused, not rebuilt
+        f"data.sources.0.prepared={tiny_world['data']}",
+        "data.val_fraction=0.1",
+        "baselines.model.vocab_size=512",
+        "baselines.model.d_embed=16",
+        "baselines.model.d_hidden=16",
+        "data.micro_batch_size=2",
+        "data.seq_len=16",
+        "trainer.val_check_interval=100",
+        "trainer.limit_val_batches=1",
+        "trainer.log_every_n_steps=1",
+        "trainer.progress_bar=false",
+        "logger.wandb.enabled=false",
+        "checkpoint.every_n_steps=1",
+    ]
+    assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "trainer.max_steps=2"]) == 0
+    assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "trainer.max_steps=4"]) == 0
+    second = read_metrics(run_dir, newest_only=True)
+    assert sorted({int(r["step"]) for r in second if r.get("train/loss")}) == [2, 3]  # steps 3 and 4 only
+    line = "pretrain baseline: error: checkpoint"
+    assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "baselines.model.d_hidden=8"]) == 2
+    assert line in capsys.readouterr().err  # another model's checkpoint: refused in one line
