@@ -98,7 +98,8 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     compile: bool = False
     activation_checkpointing: bool = False
-    progress_bar: bool = True
+    progress_bar: bool = True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    progress_seconds: float = 30.0
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
 
@@ -255,6 +256,8 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     ):
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
+    if not t.progress_seconds > 0:
+        raise ValueError(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
         raise ValueError("data.micro_batch_size and data.seq_len must be >= 1")
     if run.data.seq_len > run.model.max_seq_len:

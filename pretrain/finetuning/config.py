@@ -97,7 +97,8 @@ class FinetuneTrainerConfig:
     val_check_interval: int = 200  # optimizer steps between (possibly partial) validations
     limit_val_batches: int | None = None  # during training; the final evaluation always reads the whole file
     log_every_n_steps: int = 10
-    progress_bar: bool = True
+    progress_bar: bool = True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    progress_seconds: float = 30.0
 
 
 @dataclass

@@ -17,6 +17,8 @@ from pretrain.finetuning.config import FinetuneConfig
 from pretrain.finetuning.data import build_datamodule
 from pretrain.finetuning.module import FinetuneModule, Text2TextModule
 from pretrain.models.heads import TaskModel
+from pretrain.training.progress import progress_callbacks
+from pretrain.training.quiet import quiet_libraries
 
 
 def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -66,6 +68,8 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     parts = build_parts(cfg)
     module, datamodule = parts["module"], parts["datamodule"]
     t = cfg.trainer
+    quiet_libraries()
+    progress, progress_bar = progress_callbacks(t.progress_bar, t.progress_seconds)
     trainer = L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
@@ -85,7 +89,8 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         log_every_n_steps=t.log_every_n_steps,
         logger=CSVLogger(cfg.run_dir, name="logs"),
         enable_checkpointing=False,
-        enable_progress_bar=t.progress_bar,
+        enable_progress_bar=progress_bar,
+        callbacks=progress,
         default_root_dir=cfg.run_dir,
     )
     start = time.perf_counter()

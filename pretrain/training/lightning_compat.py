@@ -10,6 +10,8 @@ item names the public behaviour it stands in for:
 - ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
   indices; DeepSpeed itself runs ZeRO-1/2/3 on the CPU (gloo). Directory checkpoints are written atomically
   and carry ``meta.pt`` (the Lightning state without weights).
+- ``StepProgressBar``: Lightning's rich progress bar describes training as "Epoch 1/-2" when ``max_epochs=-1``
+  (training bounded by steps); it reads "Epoch 1" there.
 - ``PerModuleSharding``: Lightning's ``ModelParallelStrategy`` (FSDP2 / DTensor) insists that the LightningModule
   parallelizes itself in ``configure_model``; here a ``parallelize`` function passed to the strategy shards the
   model from outside, on a 1-D data-parallel mesh (or 2-D for hybrid sharding). Checkpoints are written
@@ -27,6 +29,7 @@ from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
@@ -46,6 +49,14 @@ def set_available_flops(monitor: Any, flops: float | None) -> None:
     monitor.available_flops = flops
     for throughput in monitor._throughputs.values():
         throughput.available_flops = flops
+
+
+class StepProgressBar(RichProgressBar):
+    """Lightning's rich bar without the "/-2" of an unbounded epoch count."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = super()._get_train_description(current_epoch)
+        return description.replace(f"/{self.trainer.max_epochs - 1}", "") if self.trainer.max_epochs == -1 else description
 
 
 def engine_divides_by_accumulation(strategy: Strategy) -> bool:

@@ -140,7 +140,7 @@ class LastCheckpoint(Checkpoint):
         self.restore()
 
     def _save(self, trainer: L.Trainer) -> None:
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # the full state (and no notice about defaults)
         self._saved_step = trainer.global_step
 
 

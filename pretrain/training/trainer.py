@@ -16,6 +16,8 @@ from pretrain.config import RunConfig
 from pretrain.training.checkpoint import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
 from pretrain.training.preemption import LastCheckpoint
+from pretrain.training.progress import progress_callbacks
+from pretrain.training.quiet import quiet_libraries
 from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
 
@@ -99,7 +101,9 @@ def build_trainer(
 ) -> L.Trainer:
     """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
     t = run.trainer
+    quiet_libraries()
     strategy = build_strategy(run, block_classes)
+    progress, progress_bar = progress_callbacks(t.progress_bar, t.progress_seconds)
     k = t.accumulate_grad_batches
     trainer = L.Trainer(
         accelerator=t.accelerator,
@@ -117,9 +121,9 @@ def build_trainer(
         num_sanity_val_steps=0,
         log_every_n_steps=min(t.log_every_n_steps, t.max_steps),  # a short run still logs its last step
         logger=build_loggers(run, resolved, wandb_id) if loggers is None else loggers,
-        callbacks=[*build_callbacks(run), *callbacks],
+        callbacks=[*build_callbacks(run), *progress, *callbacks],
         plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,
-        enable_progress_bar=t.progress_bar,
+        enable_progress_bar=progress_bar,
         use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
         default_root_dir=run.run_dir,
     )

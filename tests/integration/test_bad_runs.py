@@ -3,17 +3,21 @@ finished run fitted again, a baseline run that ignored ``resume``."""
 
 from __future__ import annotations
 
+import re
+
 from training_utils import read_metrics, tiny_recipe, tiny_world  # noqa: F401
 
 from pretrain.cli import main
 
 
-def test_a_run_shorter_than_the_log_interval_logs_and_plots(capsys, tmp_path, tiny_world):  # noqa: F811
-    recipe = tiny_recipe(
-        tmp_path, tiny_world, "gpt", trainer={"max_steps": 3, "log_every_n_steps": 10, "val_check_interval": 100}
-    )
+def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tiny_world):  # noqa: F811
+    trainer = {"max_steps": 3, "log_every_n_steps": 10, "val_check_interval": 100, "progress_bar": True}
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer)
     assert main(["fit", str(recipe)]) == 0
-    out = capsys.readouterr().out
+    out, err = capfd.readouterr()
+    # not a terminal: progress as plain lines (the last step's at least), and no library tips or notices
+    assert re.search(r"^step 3/3 \(100%\) \| loss \d+\.\d{4} \| \d+m\d\ds elapsed$", out, re.M), out
+    assert "Tip:" not in err + out and "weights_only` was not set" not in err + out and "Epoch" not in err + out
     csv_file = tmp_path / "run" / "logs" / "version_0" / "metrics.csv"
     assert f"metrics CSV: {csv_file}" in out and csv_file.is_file()
     assert [int(r["step"]) for r in read_metrics(tmp_path / "run") if r.get("train/loss")] == [2]
@@ -21,7 +25,7 @@ def test_a_run_shorter_than_the_log_interval_logs_and_plots(capsys, tmp_path, ti
 
     # fitted again, the finished run says so and how to go on, instead of silently training 0 steps
     assert main(["fit", str(recipe)]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "nothing to train" in out and "already reached trainer.max_steps=3" in out and "name=NEW" in out
     assert not (tmp_path / "run" / "logs" / "version_1").exists()  # no Trainer was built
 
