@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_objectives_base import packed_batch, tiny_model, tiny_tokenizer
+from objective_data import packed_batch, tiny_model, tiny_tokenizer
 
 import objectives
 from objectives.loss import IGNORE_INDEX

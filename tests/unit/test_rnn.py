@@ -22,13 +22,7 @@ from pretrain.models.rnn import (
 PAD, BOS, EOS = 0, 1, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny sequential kernels run far faster on one thread than on two contended ones (OpenMP barriers)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lm(**kw) -> RNNLanguageModel:

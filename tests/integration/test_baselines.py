@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one thread)
 
 import objectives
 from pretrain.baselines.config import load_config
@@ -21,6 +20,8 @@ from pretrain.baselines.seq2seq import pad_pairs
 from pretrain.cli import main as cli_main
 from pretrain.models.rnn import RNNConfig, RNNLanguageModel
 from pretrain.models.word_vectors import WordVectors, word_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 QUIET = [
     "logger.wandb.enabled=false",

@@ -9,10 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_objectives_base import packed_batch, tiny_tokenizer
+from objective_data import packed_batch, rebuild, sentinel_set, tiny_tokenizer
 
 import objectives
-from datamodules.special_tokens import sentinel_token
 
 
 def t5_random_spans_helper(inputs_length, noise_density, mean_noise_span_length):
@@ -53,27 +52,6 @@ def t5_noise_mask(length, noise_density, mean_noise_span_length, rng):
     indicator = np.zeros(length, dtype=int)
     indicator[starts] = 1
     return np.cumsum(indicator) % 2 == 1
-
-
-def sentinel_set(tok) -> dict[int, int]:
-    """sentinel id -> its index k (<extra_id_k>)."""
-    ids = {tok.token_to_id(sentinel_token(k)): k for k in range(1000)}
-    return {i: k for i, k in ids.items() if i is not None}
-
-
-def rebuild(inputs: list[int], targets: list[int], sentinels: dict[int, int]) -> list[int]:
-    """The original sequence from T5 (inputs, targets), both ending with EOS."""
-    spans: dict[int, list[int]] = {}
-    current = None
-    for t in targets[:-1]:
-        if t in sentinels:
-            current = spans.setdefault(t, [])
-        else:
-            current.append(t)
-    out: list[int] = []
-    for t in inputs[:-1]:
-        out += spans[t] if t in sentinels else [t]
-    return out
 
 
 @pytest.mark.parametrize(

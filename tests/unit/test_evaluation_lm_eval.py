@@ -16,7 +16,7 @@ import lm_eval
 import pytest
 import torch
 import yaml
-from test_evaluation_scoring import ARCHS  # tests/ is on sys.path under pytest
+from model_zoo import SCORING_ARCHS
 
 from datamodules.tokenizer import train_bpe
 from pretrain.evaluation.config import resolve_task_file
@@ -159,7 +159,7 @@ def export(kind: str, tokenizer, directory: Path, max_seq_len: int = 64) -> Path
     std = (
         {"init_std": 0.2} if kind != "t5" else {}
     )  # sharper random predictions: no near-ties between choices
-    cfg = {**ARCHS[kind], **std, "max_seq_len": max_seq_len}
+    cfg = {**SCORING_ARCHS[kind], **std, "max_seq_len": max_seq_len}
     model = Transformer(ModelConfig(vocab_size=512, d_model=48, n_layer=2, n_head=4, **cfg))
     return save_hf(
         model, directory, tokenizer

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 import torch
-from training_utils import REPO_ROOT, cli_env, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import REPO_ROOT, cli_env, tiny_recipe
 
 from pretrain.cli import COMMANDS, main
 from pretrain.models.config import ModelConfig

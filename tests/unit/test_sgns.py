@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one thread)
 
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
 from pretrain.models.word_vectors import Word2Vec, WordVectors, word_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SPECIALS = list(DEFAULT_SPECIAL_TOKENS.values())
 EOS = SPECIALS.index("</s>")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_objectives_base import packed_batch, tiny_tokenizer
+from objective_data import packed_batch, tiny_tokenizer
 
 import objectives
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens

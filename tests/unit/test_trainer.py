@@ -15,7 +15,7 @@ from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.throughput import PeakThroughputMonitor
 from pretrain.training.trainer import build_loggers, build_trainer, wandb_mode
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 

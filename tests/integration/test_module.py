@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from training_utils import metric_by_step, read_metrics, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import metric_by_step, read_metrics, tiny_recipe
 
 from pretrain import config
 from pretrain.models.transformer import Transformer

@@ -6,7 +6,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from test_objectives_base import build
+from objective_data import build
 
 from objectives.loss import IGNORE_INDEX, global_mean, micro_batch_loss, token_cross_entropy
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_zoo import SCORING_ARCHS
 
 from datamodules.tokenizer import train_bpe
 from pretrain.evaluation import metrics as M
@@ -22,35 +23,6 @@ from pretrain.evaluation.tasks import TaskConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
-
-# tiny-model presets transformers can express too (GPT-2, Llama with GQA, T5); the lm-eval test shares them
-ARCHS = {
-    "gpt": {"arch": "decoder", "position": "learned"},
-    "llama": {
-        "arch": "decoder",
-        "position": "rope",
-        "norm": "rmsnorm",
-        "norm_bias": False,
-        "n_kv_head": 2,
-        "activation": "swiglu",
-        "mlp_bias": False,
-        "attn_bias": False,
-        "tie_embeddings": False,
-    },
-    "t5": {
-        "arch": "encoder-decoder",
-        "position": "relative",
-        "norm": "rmsnorm",
-        "norm_bias": False,
-        "activation": "relu",
-        "mlp_bias": False,
-        "attn_bias": False,
-        "attn_scale": "none",
-        "init": "t5",
-        "decoder_start_token_id": 0,
-        "pad_token_id": 0,
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +39,7 @@ def tokenizer(corpus, tmp_path_factory):
 
 def tiny(kind: str, dtype=torch.float32, max_seq_len: int = 96) -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=416, d_model=64, n_layer=2, n_head=4, max_seq_len=max_seq_len, **ARCHS[kind])
+    cfg = ModelConfig(vocab_size=416, d_model=64, n_layer=2, n_head=4, max_seq_len=max_seq_len, **SCORING_ARCHS[kind])
     return Transformer(cfg).to(dtype).eval()
 
 

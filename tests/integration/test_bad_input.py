@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 import yaml
-from training_utils import CORPUS, REPO_ROOT, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import CORPUS, REPO_ROOT, tiny_recipe
 
 from datamodules.prepare import prepare
 from pretrain.cli import main

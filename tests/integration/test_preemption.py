@@ -1,6 +1,6 @@
 """LastCheckpoint in process: a stop signal saves at the next step boundary and stops before the next batch; a
 second Ctrl-C stops at once; stale partial saves go; Lightning's signal handlers come back after the fit.
-(SIGTERM mid-run through the CLI, 1 and 2 ranks, resumed exactly: tests/test_resume.py.)"""
+(SIGTERM mid-run through the CLI, 1 and 2 ranks, resumed exactly: tests/integration/test_resume.py.)"""
 
 from __future__ import annotations
 

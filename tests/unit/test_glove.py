@@ -8,11 +8,12 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from test_rnn import one_thread  # noqa: F401 (autouse: tiny kernels run on one thread)
 
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from objectives.glove import GloVe, cooccurrence, glove_weight
 from pretrain.models.word_vectors import GloVeModel, WordVectors, word_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SPECIALS = list(DEFAULT_SPECIAL_TOKENS.values())
 EOS = SPECIALS.index("</s>")

@@ -20,7 +20,6 @@ from training_utils import (  # noqa: F401
     read_metrics,
     run_cli,
     tiny_recipe,
-    tiny_world,
 )
 
 STEPS = 6

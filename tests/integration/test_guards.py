@@ -19,13 +19,12 @@ from training_utils import (  # noqa: F401
     model_weights,
     read_metrics,
     tiny_recipe,
-    tiny_world,
 )
 
 from pretrain.training.checkpoint import read
 
 STEPS = 8
-FAULT_RUN = Path(__file__).with_name("fault_run.py")
+FAULT_RUN = Path(__file__).parents[1] / "fault_run.py"
 
 
 def recipe(directory, world, **sections):

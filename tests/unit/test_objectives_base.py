@@ -1,82 +1,22 @@
-"""The objective interface shared by all objectives (objectives/__init__.py, objectives/base.py), and the
-tiny tokenizer / packed corpus the other objective tests import."""
+"""The objective interface shared by all objectives (objectives/__init__.py, objectives/base.py)."""
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from objective_data import (
+    ALL_OBJECTIVES,
+    assert_equal_batches,
+    build,
+    generators,
+    packed_batch,
+    tiny_model,
+    tiny_tokenizer,
+)
+from tokenizers import Tokenizer, models
 
 import objectives
-from datamodules.special_tokens import all_special_tokens
 from objectives.base import row_generators
-from pretrain.models.config import ModelConfig
-from pretrain.models.transformer import Transformer
-
-CORPUS = Path(__file__).resolve().parents[1] / "recipes" / "data" / "tinyshakespeare.txt"
-ALL_OBJECTIVES = {
-    "clm": {"document_masking": True},
-    "mlm": {"span_masking": True, "whole_word_mask": True},
-    "span_corruption": {},
-    "prefix_lm": {},
-    "prefix_lm_encdec": {"arch": "encoder-decoder"},
-    "ul2": {"input_length": 64},
-}
-
-
-def corpus_paragraphs() -> list[str]:
-    """Paragraphs (speeches) of the shipped corpus: the 'documents' of the tests."""
-    return [p.strip() for p in CORPUS.read_text().split("\n\n") if p.strip()]
-
-
-@functools.cache
-def tiny_tokenizer(num_sentinels: int = 100, without: tuple[str, ...] = ()) -> Tokenizer:
-    """Byte-level BPE (1000 ids) trained on the first speeches of the corpus, with all special tokens
-    (``num_sentinels`` sentinels) except those in ``without``."""
-    specials = [t for t in all_special_tokens(num_sentinels) if t not in without]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False)
-    tok.train_from_iterator(corpus_paragraphs()[:1500], trainer)
-    return tok
-
-
-@functools.cache
-def packed_stream(num_sentinels: int = 100) -> torch.Tensor:
-    """Token ids of the corpus's speeches, each followed by EOS, concatenated (1-D)."""
-    tok = tiny_tokenizer(num_sentinels)
-    eos = tok.token_to_id("</s>")
-    ids: list[int] = []
-    for enc in tok.encode_batch(corpus_paragraphs()[:3000]):
-        ids += [*enc.ids, eos]
-    return torch.tensor(ids)
-
-
-def packed_batch(batch_size: int, length: int, seed: int = 0, num_sentinels: int = 100) -> torch.Tensor:
-    """``(B, L)`` windows at random offsets of the packed stream, as the datamodule would sample them."""
-    stream = packed_stream(num_sentinels)
-    starts = torch.randint(
-        0, len(stream) - length, (batch_size,), generator=torch.Generator().manual_seed(seed)
-    )
-    return stream[starts[:, None] + torch.arange(length)]
-
-
-def build(key: str):
-    return objectives.build(key.removesuffix("_encdec"), tiny_tokenizer(), **ALL_OBJECTIVES[key])
-
-
-def generators(seeds) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(int(s)) for s in seeds]
-
-
-def assert_equal_batches(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k, value in a.items():
-        assert torch.equal(value, b[k]), k
 
 
 @pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))
@@ -173,15 +113,6 @@ def test_row_generators_needs_one_per_row():
 def test_rejects_non_long_tokens():
     with pytest.raises(ValueError, match="LongTensor"):
         build("clm")(torch.zeros(2, 5, dtype=torch.int32), torch.Generator())
-
-
-def tiny_model(arch: str, vocab_size: int):
-    """``(model, logits_fn)``: the real backbone, tiny, dropout off."""
-    torch.manual_seed(0)
-    config = ModelConfig(
-        arch=arch, vocab_size=vocab_size, d_model=32, n_layer=2, n_head=2, max_seq_len=256, position="learned"
-    )
-    return Transformer(config).eval(), lambda m, **kw: m(**kw).logits
 
 
 @pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))

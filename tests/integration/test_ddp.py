@@ -15,7 +15,6 @@ from training_utils import (  # noqa: F401
     read_metrics,
     run_cli,
     tiny_recipe,
-    tiny_world,
 )
 
 DDP = {"name": "ddp", "ddp": {"process_group_backend": "gloo"}}

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from test_objectives_base import packed_batch, tiny_model, tiny_tokenizer
+from objective_data import packed_batch, tiny_model, tiny_tokenizer
 
 import objectives
 from objectives.clm import document_positions

@@ -10,7 +10,7 @@ import yaml
 from pretrain import config
 from pretrain.models.config import ModelConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PRETRAINING = [
     "gpt-tiny",
     "bert-tiny",

@@ -8,55 +8,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_zoo import VARIANTS
 from torch.utils.flop_counter import FlopCounterMode
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer, sinusoid_table
 
-VARIANTS = {
-    "gpt": {"arch": "decoder"},
-    "llama": {
-        "arch": "decoder",
-        "norm": "rmsnorm",
-        "norm_bias": False,
-        "position": "rope",
-        "activation": "swiglu",
-        "n_kv_head": 1,
-        "mlp_bias": False,
-        "attn_bias": False,
-        "tie_embeddings": False,
-        "init": "bert",
-    },
-    "sinusoidal": {
-        "arch": "decoder",
-        "position": "sinusoidal",
-        "norm_position": "post",
-        "activation": "relu",
-    },
-    "bert": {
-        "arch": "encoder",
-        "norm_position": "post",
-        "embedding_norm": True,
-        "type_vocab_size": 2,
-        "mlm_head_transform": True,
-        "lm_head_bias": True,
-        "activation": "gelu",
-        "init": "bert",
-    },
-    "t5": {
-        "arch": "encoder-decoder",
-        "norm": "rmsnorm",
-        "norm_bias": False,
-        "position": "relative",
-        "attn_scale": "none",
-        "activation": "geglu_tanh",
-        "mlp_bias": False,
-        "attn_bias": False,
-        "init": "t5",
-        "logit_scale": 24**-0.5,
-        "n_decoder_layer": 3,
-    },
-}
 V = 61
 
 

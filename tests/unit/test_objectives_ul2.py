@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-from test_objectives_base import packed_batch, tiny_tokenizer
-from test_objectives_span_corruption import rebuild, sentinel_set
+from objective_data import packed_batch, rebuild, sentinel_set, tiny_tokenizer
 
 import objectives
 from datamodules.special_tokens import UL2_MODE_TOKENS

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_model import VARIANTS
+from model_zoo import VARIANTS
 
 from pretrain.models.attention import AttentionMask, MaskInputs, SparsePattern, attend, random_block_table
 from pretrain.models.config import ModelConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from training_utils import tiny_recipe, tiny_world  # noqa: F401
+from training_utils import tiny_recipe
 
 from datamodules.corpus import document_mode, iter_documents, resolve_sources
 from datamodules.prepare import read_meta

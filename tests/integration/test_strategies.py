@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from lightning.pytorch.strategies import DDPStrategy
-from training_utils import REPO_ROOT, metric_by_step, read_metrics, run_ranks, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import REPO_ROOT, metric_by_step, read_metrics, run_ranks, tiny_recipe
 
 from pretrain import config
 from pretrain.models.transformer import Block
@@ -112,7 +112,7 @@ def test_deepspeed_without_the_package_is_a_clear_error():
         build_strategy(run)
 
 
-WORKER = Path(__file__).with_name("strategy_worker.py")
+WORKER = Path(__file__).parents[1] / "strategy_worker.py"
 CLIP = 0.5  # below the tiny models' gradient norms: every cell clips
 STRATEGY = {
     "ddp": ["strategy.name=ddp"],

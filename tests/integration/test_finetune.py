@@ -19,7 +19,7 @@ from pretrain.finetuning.run import build_parts, run
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POSITIVE = ["good", "great", "fine", "lovely", "superb", "wonderful"]
 NEGATIVE = ["bad", "awful", "poor", "dull", "boring", "terrible"]
 FILLER = ["the", "film", "movie", "plot", "was", "is", "a", "really", "quite"]
@@ -353,11 +353,9 @@ def test_two_ddp_ranks_give_the_metrics_of_one_rank_with_twice_the_batch(files, 
     """`pretrain finetune` on 2 gloo ranks (micro-batch 8 each) vs 1 process (16): the same examples per step,
     so the same training losses and, evaluated over the ranks' shards of the dev file, the same metrics."""
     import json
-    import sys
 
     import yaml
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from training_utils import Background, metric_by_step, read_metrics
 
     model = BERT | {"dropout": 0.0, "attn_dropout": 0.0}
