@@ -20,7 +20,9 @@ from pretrain.training.setup import prepare_run
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from pretrain.errors import RankDied, peer_gone
     from pretrain.models.transformer import Block
+    from pretrain.training.lightning_compat import dead_ranks
     from pretrain.training.preemption import Interrupted
     from pretrain.training.trainer import build_trainer
 
@@ -49,6 +51,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
             command = " ".join(["pretrain fit", *map(shlex.quote, again)])
             print(f"\n== pretrain fit: {stop} ==\n  continue with: {command}")
         return stop.exit_status
+    except Exception as err:
+        if not peer_gone(err):  # a collective failed: name the rank that died
+            raise
+        raise RankDied(dead_ranks(trainer), trainer.global_rank, err) from err
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])

@@ -10,6 +10,7 @@ item names the public behaviour it stands in for:
 - ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
   indices; DeepSpeed itself runs ZeRO-1/2/3 on the CPU (gloo). Directory checkpoints are written atomically
   and carry ``meta.pt`` (the Lightning state without weights).
+- ``dead_ranks``: which of the processes Lightning's subprocess launcher started (``launcher.procs``) have died.
 - ``StepProgressBar``: Lightning's rich progress bar describes training as "Epoch 1/-2" when ``max_epochs=-1``
   (training bounded by steps); it reads "Epoch 1" there.
 - ``PerModuleSharding``: Lightning's ``ModelParallelStrategy`` (FSDP2 / DTensor) insists that the LightningModule
@@ -49,6 +50,14 @@ def set_available_flops(monitor: Any, flops: float | None) -> None:
     monitor.available_flops = flops
     for throughput in monitor._throughputs.values():
         throughput.available_flops = flops
+
+
+def dead_ranks(trainer: Any) -> list[int]:
+    """Global ranks of the processes this node's launcher started that have exited with an error (rank 0 of a node
+    knows its local peers; a peer's own failure is in its output)."""
+    procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
+    first = trainer.node_rank * trainer.num_devices
+    return [first + i + 1 for i, proc in enumerate(procs) if proc.poll() not in (None, 0)]
 
 
 class StepProgressBar(RichProgressBar):

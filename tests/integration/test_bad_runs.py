@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 
-from training_utils import read_metrics, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import read_metrics, tiny_recipe
 
 from pretrain.cli import main
 
 
-def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tiny_world):  # noqa: F811
+def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tiny_world):
     trainer = {"max_steps": 3, "log_every_n_steps": 10, "val_check_interval": 100, "progress_bar": True}
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer)
     assert main(["fit", str(recipe)]) == 0
@@ -30,7 +30,7 @@ def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tin
     assert not (tmp_path / "run" / "logs" / "version_1").exists()  # no Trainer was built
 
 
-def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_path, tiny_world):
     run_dir = tmp_path / "lstm"
     common = [
         f"run_dir={run_dir}",
