@@ -12,8 +12,8 @@ later stages ``finetune``, ``evaluate`` and ``baseline``.
     pretrain evaluate runs/gpt-tiny/checkpoints/last.ckpt --tasks copa --num-fewshot 3 --data-root DIR
     pretrain baseline recipes/lstm-lm-tiny.yaml
 
-Recipe commands take ``key=value`` overrides after the recipe. Bad input exits with status 2 and one line
-naming the problem, before any heavy work (``pretrain.errors``; ``--debug`` or ``PRETRAIN_DEBUG=1``: the
+Recipe commands take ``key=value`` overrides after the recipe (then those of ``$PRETRAIN_OVERRIDES``, if set).
+Bad input exits with status 2 and one line naming the problem, before any heavy work (``pretrain.errors``; ``--debug`` or ``PRETRAIN_DEBUG=1``: the
 traceback). This module only parses and dispatches: each subcommand is a
 ``(module, add_arguments, handler, help)`` entry of ``COMMANDS``, and only the chosen one's module is imported.
 """
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shlex
 import sys
 
 from pretrain.errors import debug_requested, run_verb
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    if hasattr(args, "overrides") and os.environ.get("PRETRAIN_OVERRIDES"):  # e.g. a short smoke run of a recipe
+        args.overrides = [*args.overrides, *shlex.split(os.environ["PRETRAIN_OVERRIDES"])]
     return run_verb(args.command, args.handler, args, debug)
 
 

@@ -219,6 +219,7 @@ class RunConfig:
     seed: int = 1337
     run_dir: str | None = None  # default: runs/<name>
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
+    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)  # resume although these changed
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

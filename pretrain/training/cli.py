@@ -212,6 +212,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         generator=generator,
         encoder_input_ids=ids if enc_dec else None,
     )
+    if enc_dec:
+        print(span_filling_note(tokenizer, ids[0].tolist()))
     for i, row in enumerate(out.tolist()):
         text = tokenizer.decode(row if enc_dec else row[ids.shape[1] :], skip_special_tokens=not enc_dec)
         print(f"--- sample {i} ---\n{'' if enc_dec else args.prompt}{text}")
@@ -219,6 +221,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 DEFAULT_NEW_TOKENS = 100
+
+
+def span_filling_note(tokenizer: Any, prompt_ids: list[int]) -> str:
+    """What an encoder-decoder (span corruption) model's output is, and a warning for a prompt with no sentinel."""
+    note = (
+        "(a span-corruption model returns the spans its input's sentinels stand for, each after its sentinel: "
+        "<extra_id_0> span <extra_id_1> span ...)"
+    )
+    if not any((tokenizer.id_to_token(i) or "").startswith("<extra_id_") for i in prompt_ids):
+        note += (
+            "\n(the prompt has no sentinel, so there is nothing to fill: mark missing text with <extra_id_0>, "
+            "e.g. --prompt \"To be, or <extra_id_0> to be\")"
+        )
+    return note
 
 
 def _max_new_tokens(cfg: Any, prompt_len: int, requested: int | None) -> int:

@@ -57,3 +57,44 @@ def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_pa
     line = "pretrain baseline: error: checkpoint"
     assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "baselines.model.d_hidden=8"]) == 2
     assert line in capsys.readouterr().err  # another model's checkpoint: refused in one line
+
+
+def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_world):
+    from datamodules.prepare import prepare
+    from datamodules.tokenizer import train_bpe
+
+    def fit(data, tokenizer=tiny_world["tokenizer"], *overrides: str) -> int:
+        recipe = tiny_recipe(
+            tmp_path,
+            tiny_world,
+            "gpt",
+            trainer={"max_steps": 4, "val_check_interval": 100},
+            tokenizer={"path": str(tokenizer)},
+            data={"sources": [{"name": "tiny", "prepared": str(data)}], "seq_len": 32, "micro_batch_size": 4},
+        )
+        return main(["fit", str(recipe), *overrides])
+
+    assert fit(tiny_world["data"], tiny_world["tokenizer"], "trainer.max_steps=2") == 0
+    # the corpus edited (two paragraphs swapped: the same samples per epoch, which is all that was checked)
+    text = tiny_world["corpus"].read_text().split("\n\n")
+    base = prepare([tiny_world["corpus"]], tiny_world["tokenizer"], tmp_path / "same", val_fraction=0.1, progress=False)
+    for i in range(0, 20, 2):
+        edited = tmp_path / "edited.txt"
+        edited.write_text("\n\n".join([*text[:i], text[i + 1], text[i], *text[i + 2 :]]))
+        meta = prepare([edited], tiny_world["tokenizer"], tmp_path / f"edited{i}", val_fraction=0.1, progress=False)
+        if meta["splits"] == base["splits"]:
+            break
+    capsys.readouterr()
+    assert fit(tmp_path / f"edited{i}") == 2
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "the prepared data differs" in err and "resume_allow=[data]" in err
+    assert fit(tmp_path / f"edited{i}", tiny_world["tokenizer"], "resume_allow=[data]") == 0  # the explicit override
+
+    # another tokenizer of the same vocabulary size, and the corpus prepared with it
+    other, backwards = tmp_path / "other-tokenizer.json", tmp_path / "backwards.txt"
+    backwards.write_text("\n".join(line[::-1] for line in edited.read_text().splitlines()))
+    train_bpe([backwards], 512, other, min_frequency=2, show_progress=False)
+    prepare([edited], other, tmp_path / "other", val_fraction=0.1, progress=False)  # the checkpoint's corpus
+    capsys.readouterr()
+    assert fit(tmp_path / "other", other, "trainer.max_steps=6") == 2
+    assert "the tokenizer differs from the checkpoint's" in capsys.readouterr().err
