@@ -21,7 +21,7 @@ from pretrain.training.setup import prepare_run
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from pretrain.errors import RankDied, peer_gone
-    from pretrain.models.transformer import Block
+    from pretrain.training.checkpoint.resume import check_resumable
     from pretrain.training.lightning_compat import dead_ranks
     from pretrain.training.preemption import Interrupted
     from pretrain.training.trainer import build_trainer
@@ -33,12 +33,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(resolved), end="")
         return 0
     parts = prepare_run(run, resolved)
-    if parts["ckpt"] is not None and not strategy_reads(run.strategy.name, parts["ckpt"]):
-        raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
-    if parts["ckpt"] is not None and _finished(run, parts["ckpt"]):
-        return 0
+    if parts["ckpt"] is not None:
+        check_resumable(run.strategy.name, parts["ckpt"])
+        if _finished(run, parts["ckpt"]):
+            return 0
     module = parts["module"]
-    trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
+    trainer = build_trainer(run, resolved, wandb_id=module.wandb_id)
     try:
         with warnings.catch_warnings():
             # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
@@ -67,7 +67,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def _finished(run: RunConfig, ckpt: Path) -> bool:
     """A run already at ``trainer.max_steps``: say so (and how to train more) instead of training 0 steps."""
-    from pretrain.training.checkpoint import checkpoint_step
+    from pretrain.training.checkpoint.resume import checkpoint_step
 
     step = checkpoint_step(ckpt)
     if step < run.trainer.max_steps:
@@ -124,7 +124,7 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pretrain.models.transformer import Block
+    from pretrain.training.checkpoint.resume import strategy_reads
     from pretrain.training.trainer import build_trainer
 
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
@@ -132,12 +132,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
-    trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
+    trainer = build_trainer(run, resolved, loggers=[])
     ckpt = parts["ckpt"]
     # a directory of another strategy, or any checkpoint under DeepSpeed (whose engine cannot load ZeRO-3 weights
     # without an optimizer): the consolidated weights are loaded before the strategy sets the model up
     if run.strategy.name == "deepspeed" or not strategy_reads(run.strategy.name, ckpt):
-        from pretrain.training.checkpoint import load_model
+        from pretrain.training.checkpoint.convert import load_model
 
         parts["module"].model.load_state_dict(load_model(ckpt)[0].state_dict())
         ckpt = None
@@ -151,34 +151,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def strategy_reads(strategy: str, ckpt: Path) -> bool:
-    """Whether the Trainer under ``strategy`` restores checkpoint ``ckpt`` itself (FSDP reads its shards and single
-    files, DeepSpeed only its own directories, DDP and single-device only files)."""
-    from pretrain.training.checkpoint import kind
-
-    found = kind(ckpt)
-    if strategy == "deepspeed":
-        return found == "deepspeed"
-    return found == "file" or (found == "fsdp" and strategy == "fsdp")
-
-
-def resume_mismatch(strategy: str, ckpt: Path) -> str:
-    from pretrain.training.checkpoint import kind
-
-    found = kind(ckpt)
-    if found == "deepspeed":
-        return f"resume={ckpt} is a DeepSpeed checkpoint directory; resume it with strategy.name=deepspeed"
-    if found == "fsdp":
-        return (
-            f"resume={ckpt} is an FSDP checkpoint directory; resume it with strategy.name=fsdp, or under "
-            f"{strategy} from a single file made by pretrain.training.checkpoint.consolidate"
-        )
-    return f"resume={ckpt} is a single file, which strategy deepspeed cannot restore; use strategy.name=fsdp or ddp"
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from pretrain.models.generation import generate
-    from pretrain.training.checkpoint import load_model
+    from pretrain.training.checkpoint.convert import load_model
 
     for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
@@ -275,7 +250,7 @@ def _check_export_target(out_dir: Path, force: bool) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from pretrain.models.hf import save_hf
-    from pretrain.training.checkpoint import load_model
+    from pretrain.training.checkpoint.convert import load_model
 
     if not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
