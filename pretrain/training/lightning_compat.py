@@ -10,6 +10,8 @@ item names the public behaviour it stands in for:
 - ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
   indices; DeepSpeed itself runs ZeRO-1/2/3 on the CPU (gloo). Directory checkpoints are written atomically
   and carry ``meta.pt`` (the Lightning state without weights).
+- ``validation_follows``: whether Lightning validates right after this training batch (its epoch loop's
+  ``_should_check_val_fx``), so ``last.ckpt`` is written after that validation, best-k state included.
 - ``dead_ranks``: which of the processes Lightning's subprocess launcher started (``launcher.procs``) have died.
 - ``StepProgressBar``: Lightning's rich progress bar describes training as "Epoch 1/-2" when ``max_epochs=-1``
   (training bounded by steps); it reads "Epoch 1" there.
@@ -48,6 +50,14 @@ def should_update_logs(trainer: Any) -> bool:
 def log_metrics(trainer: Any, metrics: dict[str, float]) -> None:
     """Send ``metrics`` to every logger at the step of the metrics ``LightningModule.log`` gives it now."""
     trainer._logger_connector.log_metrics(metrics)
+
+
+def validation_follows(trainer: Any) -> bool:
+    """Whether the validation loop runs right after the training batch that just ended."""
+    loop = trainer.fit_loop.epoch_loop
+    return bool(trainer.enable_validation) and not loop._skip_next_val and loop._should_check_val_fx(
+        trainer.fit_loop._data_fetcher
+    )
 
 
 def dead_ranks(trainer: Any) -> list[int]:

@@ -69,7 +69,6 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
-        LastCheckpoint(directory / "last.ckpt", run.checkpoint.every_n_steps),
         PeakThroughputMonitor(
             batch_size_fn=lambda batch: batch["input_ids"].shape[0],
             length_fn=lambda batch: batch["input_ids"].numel(),
@@ -91,6 +90,8 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
                 save_top_k=run.checkpoint.save_top_k,
             )
         )
+    # last: after a validation it saves once the best-k callback has recorded that validation
+    callbacks.append(LastCheckpoint(directory / "last.ckpt", run.checkpoint.every_n_steps))
     return callbacks
 
 

@@ -4,6 +4,7 @@ finished run fitted again, a baseline run that ignored ``resume``."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from training_utils import read_metrics, tiny_recipe
 
@@ -98,3 +99,24 @@ def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_wor
     capsys.readouterr()
     assert fit(tmp_path / "other", other, "trainer.max_steps=6") == 2
     assert "the tokenizer differs from the checkpoint's" in capsys.readouterr().err
+
+
+def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_path, tiny_world):
+    from pretrain.training.checkpoint import read
+
+    def best_state(path):
+        (state,) = [v for k, v in read(path)["callbacks"].items() if k.startswith("ModelCheckpoint")]
+        return state
+
+    trainer = {"max_steps": 4, "val_check_interval": 2}
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer, checkpoint={"every_n_steps": 2, "save_top_k": 1})
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert main(["fit", str(recipe)]) == 0
+    state = best_state(checkpoints / "last.ckpt")  # saved after step 4's validation: it knows that result
+    assert state["best_model_path"] and Path(state["best_model_path"]).is_file()
+    assert set(Path(p).name for p in state["best_k_models"]) == {p.name for p in checkpoints.glob("best-*.ckpt")}
+
+    assert main(["fit", str(recipe), "trainer.max_steps=8"]) == 0  # resumed: the tracker still names real files
+    best = sorted(checkpoints.glob("best-*.ckpt"))
+    state = best_state(checkpoints / "last.ckpt")
+    assert len(best) == 1 and Path(state["best_model_path"]) == best[0]
