@@ -24,6 +24,7 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, verbose=False)  # before a randomly initialised backbone is built
     backbone, tokenizer, roles = load_backbone(cfg.init)
     roles = roles | dict(cfg.data.special_tokens)
+    check_lengths(cfg, backbone.config)
     datamodule = build_datamodule(cfg, tokenizer, backbone.config.arch, roles)
     datamodule.setup("fit")
     freeze(backbone, cfg.freeze.embeddings, cfg.freeze.layers)
@@ -57,6 +58,21 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
         "roles": roles,
         "label_names": labels,
     }
+
+
+def check_lengths(cfg: FinetuneConfig, model: Any) -> None:
+    """Encoded examples fit the backbone's position table (learned / sinusoidal positions stop at max_seq_len)."""
+    if model.position not in ("learned", "sinusoidal"):
+        return
+    lengths = [("data.max_length", cfg.data.max_length)]
+    if cfg.head.kind == "text2text":
+        lengths.append(("data.max_target_length", cfg.data.max_target_length + 1))  # + the decoder start
+    for name, value in lengths:
+        if value > model.max_seq_len:
+            raise ValueError(
+                f"{name}={value} exceeds the backbone's {model.max_seq_len} positions (model.max_seq_len of "
+                f"{cfg.init.checkpoint or 'init.model'}); set {name}={model.max_seq_len} or lower"
+            )
 
 
 def run(cfg: FinetuneConfig) -> dict[str, Any]:

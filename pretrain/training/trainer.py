@@ -18,6 +18,8 @@ from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
 from pretrain.training.host_sync import SyncCheck
 from pretrain.training.preemption import LastCheckpoint
+from pretrain.training.progress import progress_callbacks
+from pretrain.training.quiet import quiet_libraries
 from pretrain.training.step import micro_batches
 from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
@@ -68,7 +70,6 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
-        LastCheckpoint(directory / "last.ckpt", run.checkpoint.every_n_steps),
         PeakThroughputMonitor(
             batch_size_fn=lambda batch: batch["input_ids"].shape[0],
             length_fn=lambda batch: batch["input_ids"].numel(),
@@ -90,6 +91,8 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
                 save_top_k=run.checkpoint.save_top_k,
             )
         )
+    # last: after a validation it saves once the best-k callback has recorded that validation
+    callbacks.append(LastCheckpoint(directory / "last.ckpt", run.checkpoint.every_n_steps))
     return callbacks
 
 
@@ -103,7 +106,9 @@ def build_trainer(
 ) -> L.Trainer:
     """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
     t = run.trainer
+    quiet_libraries()
     strategy = build_strategy(run)
+    progress, progress_bar = progress_callbacks(t.progress_bar, t.progress_seconds)
     k = t.accumulate_grad_batches
     trainer = L.Trainer(
         accelerator=t.accelerator,
@@ -120,11 +125,11 @@ def build_trainer(
         check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches,
         num_sanity_val_steps=0,
-        log_every_n_steps=t.log_every_n_steps,
+        log_every_n_steps=min(t.log_every_n_steps, t.max_steps),  # a short run still logs its last step
         logger=build_loggers(run, resolved, wandb_id) if loggers is None else loggers,
-        callbacks=[*build_callbacks(run), *callbacks],
+        callbacks=[*build_callbacks(run), *progress, *callbacks],
         plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,
-        enable_progress_bar=t.progress_bar,
+        enable_progress_bar=progress_bar,
         use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
         default_root_dir=run.run_dir,
     )
