@@ -101,7 +101,9 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     compile: bool = False
     activation_checkpointing: bool = False
-    progress_bar: bool = True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    progress_bar: bool = (
+        True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    )
     progress_seconds: float = 30.0
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
@@ -223,7 +225,9 @@ class RunConfig:
     seed: int = 1337
     run_dir: str | None = None  # default: runs/<name>
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
-    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)  # resume although these changed
+    resume_allow: list[Literal["data", "tokenizer"]] = field(
+        default_factory=list
+    )  # resume although these changed
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -258,16 +262,18 @@ class TrainingRun(Protocol):
 
 
 def validate(raw: dict[str, Any]) -> RunConfig:
-    """Typed ``RunConfig`` from a resolved dict, with cross-field checks."""
+    """Typed ``RunConfig`` from a resolved dict, with cross-field checks. Every problem is reported at once (as
+    litgpt's ``validate_args``): one ``ValueError`` listing them all, so one edit of the recipe fixes them."""
     run = structured(RunConfig, raw)
-    check_run_name(run.name)
+    problems: list[str] = []
+    _collect(problems, check_run_name, run.name)
     if run.run_dir is None:
         run.run_dir = f"runs/{run.name}"
     t = run.trainer
     if t.precision in ("32", "16", "bf16"):
         t.precision = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}[t.precision]
     if t.precision not in PRECISIONS:
-        raise ValueError(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
+        problems.append(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
     for name in (
         "max_steps",
         "devices",
@@ -277,32 +283,43 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         "log_every_n_steps",
     ):
         if getattr(t, name) < 1:
-            raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
+            problems.append(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if not t.progress_seconds > 0:
-        raise ValueError(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
+        problems.append(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
-        raise ValueError("data.micro_batch_size and data.seq_len must be >= 1")
+        problems.append("data.micro_batch_size and data.seq_len must be >= 1")
     if run.data.seq_len > run.model.max_seq_len:
-        raise ValueError(
+        problems.append(
             f"data.seq_len={run.data.seq_len} exceeds model.max_seq_len={run.model.max_seq_len}; "
             "lower data.seq_len or raise model.max_seq_len"
         )
     if not run.data.sources:
-        raise ValueError("data.sources is empty; list at least one corpus")
-    _check_objective(run.objective)
+        problems.append("data.sources is empty; list at least one corpus")
+    _collect(problems, _check_objective, run.objective)
     for i, source in enumerate(run.data.sources):
         try:
             document_mode(source.document)
         except ValueError as err:
-            raise ValueError(f"data.sources[{i}].{err}") from None
-    _check_optim(run.optim)
-    _check_guards(run.guards)
+            problems.append(f"data.sources[{i}].{err}")
+    problems += optim_problems(run.optim) + _guards_problems(run.guards)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
-        raise ValueError(
+        problems.append(
             "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
             "set guards.spike.enabled=false or use strategy ddp / fsdp"
         )
+    if len(problems) > 1:
+        raise ValueError(f"{len(problems)} problems in the config: " + "; ".join(problems))
+    if problems:
+        raise ValueError(problems[0])
     return run
+
+
+def _collect(problems: list[str], check: Any, *args: Any) -> None:
+    """Run ``check(*args)``; the message of each ``ValueError`` it raises goes to ``problems``."""
+    try:
+        check(*args)
+    except ValueError as err:
+        problems.append(str(err))
 
 
 def _check_objective(o: ObjectiveConfig) -> None:
@@ -319,27 +336,34 @@ def _check_objective(o: ObjectiveConfig) -> None:
     for name, value in o.options.items():
         try:
             o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")
-        except TypeError:  # a type the schema checker does not model (e.g. a Mapping): the objective checks it
+        except (
+            TypeError
+        ):  # a type the schema checker does not model (e.g. a Mapping): the objective checks it
             continue
 
 
-def _check_optim(o: OptimConfig) -> None:
-    if not o.lr > 0:
-        raise ValueError(f"optim.lr must be > 0, got {o.lr}")
-    if o.eps <= 0 or o.weight_decay < 0:
-        raise ValueError(
-            f"optim.eps must be > 0 and optim.weight_decay >= 0, got {o.eps} and {o.weight_decay}"
-        )
-    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-        raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
-    if o.warmup_steps < 0 or not 0 <= o.min_lr_ratio <= 1:
-        raise ValueError(
-            f"optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1], "
-            f"got {o.warmup_steps} and {o.min_lr_ratio}"
-        )
+def check_optim(o: OptimConfig) -> None:
+    """``ValueError`` listing every out-of-range ``optim`` field (pretraining and finetuning alike)."""
+    if failing := optim_problems(o):
+        raise ValueError("; ".join(failing))
 
 
-def _check_guards(g: GuardsConfig) -> None:
+def optim_problems(o: OptimConfig) -> list[str]:
+    checks = [
+        (o.lr > 0, f"optim.lr must be > 0, got {o.lr}"),
+        (o.eps > 0, f"optim.eps must be > 0, got {o.eps}"),
+        (o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}"),
+        (
+            len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+            f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}",
+        ),
+        (o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}"),
+        (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+def _guards_problems(g: GuardsConfig) -> list[str]:
     checks = [
         ("nonfinite.max_consecutive", g.nonfinite.max_consecutive >= 1, ">= 1"),
         ("spike.k", g.spike.k > 0, "> 0"),
@@ -359,9 +383,7 @@ def _check_guards(g: GuardsConfig) -> None:
         ("snapshot_every", g.snapshot_every >= 0, ">= 0"),
         ("max_rollbacks", g.max_rollbacks >= 0, ">= 0"),
     ]
-    for name, ok, bound in checks:
-        if not ok:
-            raise ValueError(f"guards.{name} must be {bound}")
+    return [f"guards.{name} must be {bound}" for name, ok, bound in checks if not ok]
 
 
 def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:
@@ -374,8 +396,3 @@ def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunCon
 def to_dict(run: RunConfig) -> dict[str, Any]:
     """The fully resolved config as plain Python (saved in checkpoints and logged to W&B)."""
     return dataclasses.asdict(run)
-
-
-def global_batch_size(run: RunConfig, world_size: int) -> int:
-    """Samples per optimizer step: micro batch x accumulation x data-parallel ranks."""
-    return run.data.micro_batch_size * run.trainer.accumulate_grad_batches * world_size

@@ -24,6 +24,7 @@ from pretrain.config.run import (
     StrategyConfig,
     TrainerConfig,
     WandbConfig,
+    check_optim,
 )
 from pretrain.models.config import ModelConfig
 
@@ -169,6 +170,7 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
 
 def _check_training(cfg: FinetuneConfig) -> None:
     """The Trainer sections (shared with `pretrain fit`) as finetuning uses them."""
+    check_optim(cfg.optim)
     t = cfg.trainer
     names = ("max_steps", "val_check_interval", "log_every_n_steps", "devices", "num_nodes")
     for name in (*names, "accumulate_grad_batches"):

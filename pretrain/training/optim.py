@@ -39,14 +39,11 @@ def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     linear:        m + (1 - m) * (1 - p)
     inverse_sqrt:  max(m, sqrt(W / (s + 1)))                       (T5 / fairseq)
     constant:      1
-    with W = warmup_steps, D = decay_steps (default max_steps), m = min_lr_ratio.
+    with W = warmup_steps, D = decay_steps (default max_steps), m = min_lr_ratio (checked by
+    ``pretrain.config.run.check_optim``).
     """
     warmup, floor = cfg.warmup_steps, cfg.min_lr_ratio
     decay_steps = cfg.decay_steps or max_steps
-    if warmup < 0 or not 0.0 <= floor <= 1.0:
-        raise ValueError(
-            f"optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1], got {warmup}, {floor}"
-        )
 
     def fn(step: int) -> float:
         if step < warmup:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pretrain.config import OptimConfig
+from pretrain.config.run import check_optim
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training.optim import build_optimizer, build_scheduler, lr_lambda, param_groups
@@ -104,9 +105,9 @@ def test_no_warmup_starts_at_the_peak():
     assert lr_lambda(OptimConfig(schedule="cosine", warmup_steps=0), 100)(0) == pytest.approx(1.0)
 
 
-def test_bad_schedule_settings():
-    with pytest.raises(ValueError, match="min_lr_ratio"):
-        lr_lambda(OptimConfig(min_lr_ratio=1.5), 10)
+def test_bad_schedule_settings_are_all_named():
+    with pytest.raises(ValueError, match=r"warmup_steps must be >= 0, got -1; optim.min_lr_ratio must be in"):
+        check_optim(OptimConfig(warmup_steps=-1, min_lr_ratio=1.5))
 
 
 def test_scheduler_drives_the_optimizer_lr():

@@ -118,9 +118,9 @@ def test_shipped_recipes_resolve_by_name_from_any_directory(tmp_path, monkeypatc
         assert Path(path).is_file(), path
 
 
-def test_global_batch_size():
+def test_gpt2_recipe_steps_half_a_million_tokens_on_8_devices():
     run, _ = config.load(REPO_ROOT / "recipes/gpt2-124m.yaml")
-    assert config.global_batch_size(run, 8) * run.data.seq_len == 524_288
+    assert run.data.micro_batch_size * run.trainer.accumulate_grad_batches * 8 * run.data.seq_len == 524_288
 
 
 def test_objective_names_are_the_pretraining_objectives_of_the_registry():
@@ -142,3 +142,12 @@ def test_config_pieces_of_different_verbs_do_not_share_a_name():
     finetune = CONFIG_DIR / "finetune"
     finetuning = {p.relative_to(finetune).as_posix() for p in finetune.glob("*/*.yaml")}
     assert finetuning and not pretraining & finetuning, sorted(pretraining & finetuning)
+
+
+def test_every_config_problem_is_reported_at_once():
+    """As litgpt's validate_args: one error lists them all, so one edit of the recipe fixes them."""
+    bad = ["trainer.max_steps=0", "data.micro_batch_size=0", "optim.lr=0", "guards.spike.k=0", "optim.eps=0"]
+    with pytest.raises(ValueError, match=r"^5 problems in the config: ") as caught:
+        config.load("gpt-tiny", bad)
+    for fragment in ("trainer.max_steps", "data.micro_batch_size", "optim.lr", "guards.spike.k", "optim.eps"):
+        assert fragment in str(caught.value)
