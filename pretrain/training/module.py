@@ -71,8 +71,7 @@ class PretrainModule(L.LightningModule):
         wandb_id: str | None = None,
         data_keys: dict[str, Any] | None = None,
     ):
-        super().__init__()
-        objective.check_architecture(run.model.arch)
+        super().__init__()  # objective and architecture are checked together by setup.build_objective
         self.run, self.objective, self.resolved = run, objective, resolved
         self.tokenizer_json, self.wandb_id = tokenizer_json, wandb_id
         self.data_keys = data_keys  # each source's prepared-corpus key: a resume checks it trains on the same data
