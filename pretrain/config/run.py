@@ -100,6 +100,7 @@ class TrainerConfig:
     progress_bar: bool = True
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
+    float8: bool = False  # float8 matmuls in the blocks' linears (torchao; CUDA compute capability >= 8.9)
 
 
 @dataclass
@@ -263,6 +264,8 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
     _check_objective(run.objective)
+    if t.float8:
+        _check_float8(run)
     for i, source in enumerate(run.data.sources):
         try:
             document_mode(source.document)
@@ -288,6 +291,28 @@ def _check_objective(o: ObjectiveConfig) -> None:
             f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
             f"if they come from another objective's piece, drop them with ~objective.options"
         )
+
+
+def _check_float8(run: RunConfig) -> None:
+    """float8 training needs float8 tensor cores, bf16 autocast or weights, and a strategy torchao composes with."""
+    import torch
+
+    t = run.trainer
+    on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
+    if not on_gpu:
+        raise ValueError(
+            "trainer.float8=true needs CUDA GPUs with float8 tensor cores (H100/H200/B200/L4/L40S/RTX 4090, "
+            "compute capability >= 8.9); this run is on the CPU, which has none: set trainer.float8=false"
+        )
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        raise ValueError(
+            f"trainer.float8=true needs compute capability >= 8.9, {torch.cuda.get_device_name()} has "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability()))}: set trainer.float8=false"
+        )
+    if not t.precision.startswith("bf16"):
+        raise ValueError(f"trainer.float8=true computes around bf16: set trainer.precision=bf16-mixed, not {t.precision}")
+    if run.strategy.name == "deepspeed":
+        raise ValueError("trainer.float8=true composes with strategy auto, ddp or fsdp, not deepspeed")
 
 
 def _check_optim(o: OptimConfig) -> None:

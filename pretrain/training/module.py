@@ -116,6 +116,10 @@ class PretrainModule(L.LightningModule):
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
         self.model.gradient_checkpointing = run.trainer.activation_checkpointing
+        if run.trainer.float8:
+            from pretrain.training.float8 import convert_to_float8
+
+            convert_to_float8(self.model, fsdp=run.strategy.name == "fsdp")
         if run.trainer.compile:
             self.model.compile()  # compiles __call__ in place: parameter names and state_dict unchanged
         self.tokens_seen = 0

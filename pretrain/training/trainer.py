@@ -71,6 +71,7 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
             length_fn=lambda batch: batch["input_ids"].numel(),
             window_size=max(2, run.trainer.throughput_window * k),
             peak=run.trainer.peak_flops,
+            float8=run.trainer.float8,
         ),
         *build_guards(run),
     ]
