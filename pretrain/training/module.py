@@ -31,7 +31,7 @@ from datamodules.pretrain import PretrainDataModule
 from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training import lightning_compat
+from pretrain.training import compile_compat, lightning_compat
 from pretrain.training.checkpoint import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.strategies import optimizer_offloaded
@@ -89,6 +89,14 @@ class PretrainData(PretrainDataModule):
                 del batch[key]
         if self.objective.sparse_targets and "labels" in batch:
             batch[TARGET_POSITIONS] = (batch["labels"].flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+        return batch
+
+    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        """``target_positions`` (N,) has a symbolic length for ``torch.compile``: N varies every batch (MLM, prefix
+        LM, UL2), and one dynamic graph serves them all instead of a recompile (padding N to buckets was slower
+        on the CPU: ``benchmarks/bench_compile_targets.py``)."""
+        if TARGET_POSITIONS in batch:
+            compile_compat.mark_dynamic(batch[TARGET_POSITIONS], 0)
         return batch
 
 
