@@ -101,6 +101,7 @@ class TrainerConfig:
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
     float8: bool = False  # float8 matmuls in the blocks' linears (torchao; CUDA compute capability >= 8.9)
+    sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
 
 
 @dataclass
