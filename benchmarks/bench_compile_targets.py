@@ -3,7 +3,8 @@
 ``--bucket`` (static graphs, one per bucket; padded slots gather position 0 with label -100).
 
 A tiny BERT MLM step (forward, the LM head on the N target positions, cross-entropy, backward) on batches whose
-N is Binomial(B T, 0.15). Reported: graphs compiled, recompiles (``CompileCounts``), the compile-phase CPU time
+N is Binomial(B T, 0.15). Reported: graphs compiled, recompiles (``CompileCounts``; the two variants share the
+backbone's code object, so the second variant's first graph counts as one), the in-process compile-phase CPU time
 (the first steps, until every variant has seen each of its shapes) and the steady median step CPU ms, the two
 variants' steps interleaved A/B/A/B so machine load hits both alike.
 
