@@ -313,7 +313,6 @@ def leg_plan(work: Path, profile: dict, strategy: str) -> dict:
     from lightning.pytorch.callbacks import Callback
 
     from pretrain import config
-    from pretrain.models.transformer import Block
     from pretrain.training import plan
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
@@ -335,7 +334,7 @@ def leg_plan(work: Path, profile: dict, strategy: str) -> dict:
             Peak.value = torch.cuda.max_memory_allocated()
 
     parts = prepare_run(run, resolved)
-    trainer = build_trainer(run, resolved, block_classes={Block}, callbacks=[Peak()])
+    trainer = build_trainer(run, resolved, callbacks=[Peak()])
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
     if trainer.global_rank != 0:
         sys.exit(0)  # a rank Lightning started: rank 0 reports

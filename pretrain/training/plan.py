@@ -129,9 +129,9 @@ def build(run: RunConfig, checkpointing: bool) -> tuple[nn.Module, torch.optim.O
 
 def largest_unit(model: nn.Module) -> int:
     """Parameter bytes of the largest FSDP unit: one block, or what the root unit holds (all but the blocks)."""
-    from pretrain.models.transformer import Block
+    from pretrain.training.strategies import shard_units
 
-    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    blocks = shard_units(model)
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
     root = sum(p.nbytes for p in model.parameters() if id(p) not in in_blocks)
     return max([root, *(sum(p.nbytes for p in b.parameters()) for b in blocks)])

@@ -25,8 +25,7 @@ def measured_peak(run, micro_batch: int, checkpointing: bool) -> int:
     return trace_peak(model, optimizer, step)["total"]
 
 
-CASES = [("gpt-tiny", "32-true", False), ("gpt-tiny", "32-true", True), ("bert-tiny", "bf16-mixed", False),
-         ("t5-tiny", "32-true", True)]  # fmt: skip
+CASES = [("gpt-tiny", "32-true", True), ("bert-tiny", "bf16-mixed", False), ("t5-tiny", "32-true", True)]
 
 
 @pytest.mark.parametrize(("recipe", "precision", "checkpointing"), CASES)
@@ -62,3 +61,22 @@ def test_cli_prints_the_table_and_refuses_a_bad_size_in_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("pretrain plan: error: --gpu-memory 'lots' is not a size") and "\n" not in err
     assert plan.parse_bytes("80GiB") == plan.parse_bytes("80G") == 80 * 2**30
+
+
+def test_sharded_rows_against_a_two_rank_gloo_run(tmp_path):
+    """DDP and FSDP2 (the project's ``shard_model``) on 2 gloo ranks, real tensors: DDP's row (the single-device
+    trace + the reducer's bucket copy of the gradients) is within 15 % of the measured per-rank peak; FSDP's row
+    is below DDP's measured peak as sharding makes it, and within 25 % of its own measured peak (the
+    README states the gap: the row underestimates it)."""
+    import json
+
+    from training_utils import run_ranks
+
+    worker = REPO / "tests" / "plan_worker.py"
+    run_ranks(worker, str(REPO / "recipes" / "gpt-tiny.yaml"), str(tmp_path), *SMALL, log_dir=tmp_path)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        ddp, fsdp = result["ddp"], result["fsdp"]
+        assert ddp["estimate"] == pytest.approx(ddp["measured"], rel=0.15)
+        assert fsdp["measured"] < ddp["measured"] and fsdp["estimate"] < ddp["estimate"]
+        assert fsdp["estimate"] == pytest.approx(fsdp["measured"], rel=0.25)
