@@ -62,7 +62,7 @@ class PretrainData(PretrainDataModule):
         on the CPU: ``benchmarks/bench_compile_targets.py``)."""
         if TARGET_POSITIONS in batch:
             compile_compat.mark_dynamic(batch[TARGET_POSITIONS], 0)
-        return batch
+        return super().on_after_batch_transfer(batch, dataloader_idx)  # counts the batch (exact resume)
 
 
 class PretrainModule(L.LightningModule):

@@ -15,8 +15,8 @@ numbers of one convention.
 
 The peak table is a pure function of (device name, dtype) (:func:`peak_for`): dense tensor-core figures from
 the vendors' datasheets (their "with sparsity" figures halved). Lightning's own table mixes dense and 2:4-sparse
-figures (e.g. H200, H100 NVL), which halves MFU on those chips. A device that is not in the table (a CPU, a GPU
-not listed) logs no MFU and warns once, unless ``trainer.peak_flops`` gives the peak -- never a wrong number.
+figures (e.g. H200, H100 NVL), which halves MFU on those chips. A GPU that is not in the table logs no MFU and
+warns once, a CPU logs none silently, unless ``trainer.peak_flops`` gives the peak -- never a wrong number.
 
 ``PeakThroughputMonitor`` logs what Lightning's ``ThroughputMonitor`` logs (``train/time``, ``train/lengths``,
 ``train/device/items_per_sec``, ``train/device/mfu``, ...: Lightning's ``Throughput`` over the last
@@ -113,12 +113,12 @@ def device_name(device: torch.device) -> str:
 
 
 def mfu_peak(name: str, dtype: str, override: float | None = None) -> float | None:
-    """The peak MFU divides by: ``override`` (``trainer.peak_flops``) if given, else the table's; ``None`` with
-    a warning when neither knows the device, so no MFU is logged rather than a wrong one."""
+    """The peak MFU divides by: ``override`` (``trainer.peak_flops``) if given, else the table's; ``None`` when
+    neither knows the device, so no MFU is logged rather than a wrong one (with a warning for a GPU)."""
     if override is not None:
         return override
     peak = peak_for(name, dtype)
-    if peak is None:
+    if peak is None and name not in ("cpu", "mps"):  # CPUs have no entry by design (README): no noise there
         warnings.warn(
             f"no dense {dtype} peak FLOP/s known for device {name!r}: MFU is not logged; set "
             "trainer.peak_flops=<FLOP/s per device> to log it",

@@ -66,7 +66,9 @@ def batch(family: str, mask: str, seed: int) -> tuple[dict, torch.Tensor]:
     labels = torch.randint(0, V, x.get("decoder_input_ids", ids).shape, generator=g)
     labels[torch.rand(labels.shape, generator=g) < 0.7] = -100
     x[TARGET_POSITIONS] = (labels.flatten() != -100).nonzero().squeeze(1)
-    x = PretrainData.on_after_batch_transfer(PretrainData.__new__(PretrainData), x, 0)
+    data = PretrainData.__new__(PretrainData)  # its hook only: no loader behind it, no trainer counting
+    data.trainer = None
+    x = data.on_after_batch_transfer(x, 0)
     return x, mark_dynamic(labels.flatten()[x[TARGET_POSITIONS]], 0)  # the loss is compiled here too
 
 

@@ -46,13 +46,18 @@ def test_each_fragment_resolves_to_its_own_entry_so_the_order_is_right():
         assert hit is table, fragment
 
 
-@pytest.mark.parametrize("name", ["cpu", "mps", "NVIDIA Tesla T4", "NVIDIA RTX 6000 Ada Generation"])
-def test_an_unknown_device_has_no_peak_and_mfu_warns_instead_of_guessing(name):
+@pytest.mark.parametrize("name", ["NVIDIA Tesla T4", "NVIDIA RTX 6000 Ada Generation"])
+def test_an_unknown_gpu_has_no_peak_and_mfu_warns_instead_of_guessing(name):
     assert peak_for(name, "bf16") is None
     with pytest.warns(UserWarning, match="MFU is not logged; set trainer.peak_flops") as record:
         assert mfu_peak(name, "bf16") is None
     assert len(record) == 1
     assert mfu_peak(name, "bf16", override=2e14) == 2e14  # trainer.peak_flops wins, silently
+
+
+def test_a_cpu_has_no_peak_and_says_nothing(recwarn):
+    assert mfu_peak("cpu", "fp32") is None and peak_for("cpu", "bf16") is None
+    assert not [w for w in recwarn if "peak FLOP/s" in str(w.message)]
 
 
 def test_a_dtype_the_device_lacks_has_no_peak():
