@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-from pretrain.models.config import ModelConfig  # noqa: E402
-from pretrain.models.transformer import Transformer  # noqa: E402
-from pretrain.training.compile_compat import CompileCounts, mark_dynamic  # noqa: E402
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
+from pretrain.training.compile_compat import CompileCounts, mark_dynamic
 
 
 def batches(n: int, b: int, t: int, vocab: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -82,7 +82,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     compile_s = dict.fromkeys(variants, 0.0)
     for i, (ids, labels) in enumerate(data):
-        for name, bucket in (variants.items() if i % 2 else reversed(variants.items())):
+        for name, bucket in variants.items() if i % 2 else reversed(variants.items()):
             before = counts.graphs
             seconds = step(models[name], ids, labels, bucket)
             if i < args.warmup or counts.graphs > before:  # a step that compiled is compile time
@@ -93,7 +93,9 @@ def main() -> None:
     print(f"MLM step, B={args.batch} T={args.seq_len} d={args.d_model} V={args.vocab}, {args.steps} steps after "
           f"{args.warmup}; N in [{min(int((lab != -100).sum()) for _, lab in data)}, "
           f"{max(int((lab != -100).sum()) for _, lab in data)}]; load {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"graphs compiled {counts.graphs} (both variants), recompiles {counts.recompiles}; buckets used {sizes}")
+    print(
+        f"graphs compiled {counts.graphs} (both variants), recompiles {counts.recompiles}; buckets used {sizes}"
+    )
     base = statistics.median(times["dynamic"])
     for name in variants:
         median = statistics.median(times[name])

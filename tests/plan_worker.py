@@ -15,41 +15,50 @@ import torch
 import torch.distributed as dist
 
 
-def main(recipe: str, out: str, overrides: list[str]) -> None:
+def measure(run, strategy: str, world: int) -> int:
+    """Per-rank peak of two real training steps under ``strategy``; the wrapping (and DDP's bucket allocation)
+    happens inside the tracker so it is counted."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
-    from pretrain import config
     from pretrain.training import plan
     from pretrain.training.memory_compat import trace_peak
     from pretrain.training.optim import build_optimizer
     from pretrain.training.strategies import shard_model
 
+    torch.manual_seed(0)
+    model, placeholder = plan.build(run, False)  # the tracker registers its optimizer hooks globally
+    batch = plan.synthetic_batch(run, run.data.micro_batch_size)
+    wrapped: dict = {}
+
+    def step() -> None:
+        if not wrapped:
+            if strategy == "ddp":
+                wrapped["model"] = DistributedDataParallel(model)
+            else:
+                shard_model(model, init_device_mesh("cpu", (world,)))
+                wrapped["model"] = model
+            wrapped["optimizer"] = build_optimizer(model, run.optim)
+        plan.train_step(wrapped["model"], wrapped["optimizer"], batch, run.trainer.precision)
+
+    return trace_peak(model, placeholder, step, repeats=2)["total"]
+
+
+def main(recipe: str, out: str, overrides: list[str]) -> None:
+    from pretrain import config
+    from pretrain.training import plan
+
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     run, _ = config.load(recipe, overrides)
-    B = run.data.micro_batch_size
-    estimate = plan.trace(run, B, False)
-    result = {}
-    for strategy in ("ddp", "fsdp"):
-        torch.manual_seed(0)
-        model, _ = plan.build(run, False)
-        batch = plan.synthetic_batch(run, B)
-        holder: dict = {}
-
-        def step() -> None:
-            if "optimizer" not in holder:  # wrapped inside the tracker: DDP's buckets are counted
-                if strategy == "ddp":
-                    holder["model"] = DistributedDataParallel(model)
-                else:
-                    shard_model(model, init_device_mesh("cpu", (world,)))
-                    holder["model"] = model
-                holder["optimizer"] = build_optimizer(model, run.optim)
-            plan.train_step(holder["model"], holder["optimizer"], batch, run.trainer.precision)
-
-        optimizer = torch.optim.AdamW(model.parameters())  # placeholder the tracker registers hooks on
-        measured = trace_peak(model, optimizer, step, repeats=2)["total"]
-        result[strategy] = {"measured": measured, "estimate": plan.per_gpu(estimate, strategy, world, run)["total"]}
+    estimate = plan.trace(run, run.data.micro_batch_size, False)
+    result = {
+        strategy: {
+            "measured": measure(run, strategy, world),
+            "estimate": plan.per_gpu(estimate, strategy, world, run)["total"],
+        }
+        for strategy in ("ddp", "fsdp")
+    }
     Path(out, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 

@@ -343,7 +343,9 @@ def _check_float8(run: RunConfig) -> None:
             f"{'.'.join(map(str, torch.cuda.get_device_capability()))}: set trainer.float8=false"
         )
     if not t.precision.startswith("bf16"):
-        raise ValueError(f"trainer.float8=true computes around bf16: set trainer.precision=bf16-mixed, not {t.precision}")
+        raise ValueError(
+            f"trainer.float8=true computes around bf16: set trainer.precision=bf16-mixed, not {t.precision}"
+        )
     if run.strategy.name == "deepspeed":
         raise ValueError("trainer.float8=true composes with strategy auto, ddp or fsdp, not deepspeed")
 

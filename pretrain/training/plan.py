@@ -211,11 +211,16 @@ def format_table(rows: list[PlanRow], run: RunConfig, gpus: int, gpu_memory: int
             f"{run.data.seq_len} tokens, {run.trainer.precision}, {gpus} GPU(s) of {gpu_memory / gib:.0f} GiB "
             f"(fits: {HEADROOM:.0%} of it)")  # fmt: skip
     cols = ["params", "grads", "optimizer", "activations", "comm", "total"]
-    lines = [head, f"{'strategy':<15}{'ckpt':<6}" + "".join(f"{c:>12}" for c in cols) + f"{'max micro-batch':>17}"]
+    lines = [
+        head,
+        f"{'strategy':<15}{'ckpt':<6}" + "".join(f"{c:>12}" for c in cols) + f"{'max micro-batch':>17}",
+    ]
     for r in rows:
         cells = "".join(f"{r.parts[c] / gib:>12.3f}" for c in cols)
         fits = "" if r.parts["total"] <= HEADROOM * gpu_memory else "  (configured: does not fit)"
-        lines.append(f"{r.strategy:<15}{'on' if r.checkpointing else 'off':<6}{cells}{r.max_micro_batch:>17}{fits}")
+        lines.append(
+            f"{r.strategy:<15}{'on' if r.checkpointing else 'off':<6}{cells}{r.max_micro_batch:>17}{fits}"
+        )
     return "\n".join(lines)
 
 

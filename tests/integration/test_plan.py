@@ -21,7 +21,7 @@ def measured_peak(run, micro_batch: int, checkpointing: bool) -> int:
     """Two real training steps on the CPU (real tensors, real kernels), their peak by the memory tracker."""
     model, optimizer = plan.build(run, checkpointing)
     batch = plan.synthetic_batch(run, micro_batch)
-    step = lambda: plan.train_step(model, optimizer, batch, run.trainer.precision)  # noqa: E731
+    step = lambda: plan.train_step(model, optimizer, batch, run.trainer.precision)
     return trace_peak(model, optimizer, step)["total"]
 
 

@@ -28,7 +28,13 @@ FAMILIES = {
 }  # fmt: skip
 SPARSE = {"attention_window": 16, "attention_global_tokens": 4, "attention_random_blocks": 1,
           "attention_block_size": 16}  # fmt: skip
-MASKS = ["plain", "padding", "documents", "prefix", "sparse"]  # sparse: sliding window | global | random blocks
+MASKS = [
+    "plain",
+    "padding",
+    "documents",
+    "prefix",
+    "sparse",
+]  # sparse: sliding window | global | random blocks
 CASES = [(f, m) for f in FAMILIES for m in MASKS if m != "prefix" or f == "gpt"]
 B, T, V = 2, 64, 128
 

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
 def test_config_refuses_float8_on_the_cpu_in_one_line_naming_why():
-    with pytest.raises(ValueError, match=r"^trainer.float8=true needs CUDA GPUs .* this run is on the CPU") as err:
+    with pytest.raises(
+        ValueError, match=r"^trainer.float8=true needs CUDA GPUs .* this run is on the CPU"
+    ) as err:
         config.load(REPO / "recipes" / "gpt-tiny.yaml", ["trainer.float8=true"])
     assert "\n" not in str(err.value) and "set trainer.float8=false" in str(err.value)
 
