@@ -158,7 +158,7 @@ def per_gpu(step: StepMemory, strategy: str, gpus: int, run: RunConfig) -> dict[
     """Per-GPU bytes of ``step`` under ``strategy`` on ``gpus`` ranks (the module docstring's table)."""
     n, P, G, O, A, U = gpus, step.params, step.grads, step.optimizer, step.activations, step.largest_unit
     if strategy == "ddp":
-        parts = {"params": P, "grads": G, "optimizer": O, "comm": step.all_grads if n > 1 else 0}
+        parts = {"params": P, "grads": G, "optimizer": O, "comm": step.all_grads}
     elif strategy == "fsdp":
         parts = {"params": P // n, "grads": G // n, "optimizer": O // n, "comm": 3 * U}
     elif strategy == "fsdp-offload":
