@@ -51,11 +51,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "recipes" / "data" / "tinyshakespeare.txt"
 # importable module -> pip requirement carried as a wheel (their own dependencies are fetched alongside)
-NEEDED = {"omegaconf": "omegaconf", "deepspeed": "deepspeed", "wandb": "wandb"}
+NEEDED = {"omegaconf": "omegaconf", "deepspeed": "deepspeed", "wandb": "wandb", "torchao": "torchao==0.18.0"}
 SDIST_ONLY = ["antlr4-python3-runtime==4.9.3", "deepspeed"]  # built into wheels here (pure Python), no deps
 # binary wheels fetched with their dependencies (torch excluded: deepspeed's own ones are listed instead)
 BINARY = ["omegaconf", "wandb", "pydantic", "hjson", "ninja", "py-cpuinfo", "msgpack", "nvidia-ml-py", "einops",
-          "psutil", "tqdm"]  # fmt: skip
+          "psutil", "tqdm", "torchao==0.18.0"]  # fmt: skip
 STRATEGIES = {
     "single": [],
     "ddp": ["strategy.name=ddp"],
