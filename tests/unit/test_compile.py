@@ -110,7 +110,10 @@ def test_backward_traces_into_one_joint_graph(family):
     assert (counts.graph_breaks, counts.recompiles, counts.graphs) == (0, 0, 1), counts.recompile_reasons
 
 
-@pytest.mark.parametrize(("family", "mask"), CASES, ids=[f"{f}-{m}" for f, m in CASES])
+FLEX_CASES = [("gpt", m) for m in MASKS] + [("bert", "sparse"), ("t5", "padding")]  # T5: bias as score_mod
+
+
+@pytest.mark.parametrize(("family", "mask"), FLEX_CASES, ids=[f"{f}-{m}" for f, m in FLEX_CASES])
 def test_flex_kernel_path_compiles_without_graph_breaks_or_recompiles(family, mask):
     """No-grad forwards on the flex kernel path: the BlockMask is built inside the graph (never a cached dict
     lookup, which would guard on the dict and recompile when it fills)."""
