@@ -166,10 +166,13 @@ def evaluate(
         out["results"][task.name] = result
         if log_samples:
             out["samples"][task.name] = records
-    accuracies = [(r["metrics"]["acc"], r["chance"]) for r in out["results"].values() if "chance" in r]
-    if accuracies:
-        out["core"] = M.core_score(accuracies)
-    return out
+    return out | summarize(out["results"])
+
+
+def summarize(results: dict[str, Any]) -> dict[str, float]:
+    """``{"core": CORE-style aggregate}`` over the accuracy tasks of ``{task: result}`` (empty without any)."""
+    accuracies = [(r["metrics"]["acc"], r["chance"]) for r in results.values() if "chance" in r]
+    return {"core": M.core_score(accuracies)} if accuracies else {}
 
 
 def truncation_report(results: dict[str, Any], max_length: int) -> list[str]:

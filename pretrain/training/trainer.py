@@ -61,7 +61,7 @@ def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None
 
 def build_callbacks(run: RunConfig) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
-    validation loss; throughput/MFU; the guards of ``run.guards``."""
+    validation loss; throughput/MFU; the guards of ``run.guards``; evaluation during fit (``run.eval_during_fit``)."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -74,6 +74,10 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
         ),
         *build_guards(run),
     ]
+    if run.eval_during_fit.tasks:
+        from pretrain.training.in_loop_eval import InLoopEvaluation
+
+        callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
     if run.checkpoint.save_top_k > 0:
         callbacks.append(
             ModelCheckpoint(

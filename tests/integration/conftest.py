@@ -1,0 +1,3 @@
+"""Fixtures of the integration tests."""
+
+from training_utils import tiny_world  # noqa: F401
