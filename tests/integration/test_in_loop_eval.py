@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from training_utils import launch_metrics, metric_by_step, read_metrics, run_cli, run_ranks, tiny_recipe
+from training_utils import launch_metrics, metric_by_step, read_metrics, run_ranks, tiny_recipe
 
+from pretrain.cli import main as cli_main
 from pretrain.training.plots import read_curves
 
 WORKER = Path(__file__).with_name("fit_worker.py")
@@ -38,14 +39,33 @@ def eval_tasks(tiny_world, tmp_path_factory) -> list[str]:
     return files
 
 
-def eval_section(tasks: list[str]) -> dict:
-    return {"tasks": tasks, "every_n_steps": 5, "num_fewshot": 1, "batch_size": 3}
+def eval_recipe(directory: Path, world: dict, kind: str, evaluated: bool = True, **sections) -> Path:
+    """A tiny recipe of 4 steps (learning rate decaying over 6: a resumed run continues the same schedule),
+    checkpointed and, when ``evaluated``, scored every 2 steps."""
+    directory.mkdir(exist_ok=True)
+    if evaluated:
+        sections["eval_during_fit"] = {
+            "tasks": world["eval_tasks"],
+            "every_n_steps": 2,
+            "num_fewshot": 1,
+            "batch_size": 3,
+        }
+    trainer = {"max_steps": 4, "val_check_interval": 2, **sections.pop("trainer", {})}
+    return tiny_recipe(
+        directory,
+        world,
+        kind,
+        trainer=trainer,
+        optim={"warmup_steps": 2, "decay_steps": 6},
+        checkpoint={"every_n_steps": 2, "save_top_k": 0},
+        **sections,
+    )
 
 
-def logged_eval(run_dir: Path) -> dict[int, dict[str, float]]:
-    """{step: {metric: value}} of the ``eval/`` columns of every launch's CSV."""
+def logged_eval(rows: list[dict[str, str]]) -> dict[int, dict[str, float]]:
+    """{step: {metric: value}} of the ``eval/`` columns of CSV rows."""
     out: dict[int, dict[str, float]] = {}
-    for row in read_metrics(run_dir):
+    for row in rows:
         for name, value in row.items():
             if name.startswith("eval/") and value not in (None, ""):
                 out.setdefault(int(row["step"]), {})[name] = float(value)
@@ -53,8 +73,22 @@ def logged_eval(run_dir: Path) -> dict[int, dict[str, float]]:
 
 
 def evaluate_checkpoint(checkpoint: Path, tasks: list[str], out: Path) -> dict[str, float]:
-    run_cli(
-        "evaluate", str(checkpoint), "--tasks", ",".join(tasks), "--num-fewshot", "1", "--output", str(out)
+    assert (
+        cli_main(
+            [
+                "evaluate",
+                str(checkpoint),
+                "--tasks",
+                ",".join(tasks),
+                "--num-fewshot",
+                "1",
+                "--output",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
     )
     results = json.loads(out.read_text())
     flat = {f"eval/{t}/{m}": v for t, r in results["results"].items() for m, v in r["metrics"].items()}
@@ -62,68 +96,73 @@ def evaluate_checkpoint(checkpoint: Path, tasks: list[str], out: Path) -> dict[s
 
 
 def assert_same_numbers(logged: dict[str, float], reference: dict[str, float]) -> None:
+    assert reference
     for name, value in reference.items():
         assert logged[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
 
 
-@pytest.mark.parametrize("kind", ["gpt", "bert", "t5"])
-def test_in_loop_numbers_equal_pretrain_evaluate_on_the_checkpoint(kind, tiny_world, eval_tasks, tmp_path):
-    recipe = tiny_recipe(tmp_path, tiny_world, kind, eval_during_fit=eval_section(eval_tasks))
-    run_cli("fit", str(recipe))
-    logged = logged_eval(tmp_path / "run")
-    assert sorted(logged) == [5, 10]
-    for step in (5, 10):
-        seconds = {k for k in logged[step] if k.endswith("seconds")}
-        assert seconds == {"eval/seconds", "eval/mc/seconds", "eval/ppl/seconds"}
-    reference = evaluate_checkpoint(
-        tmp_path / "run" / "checkpoints" / "last.ckpt", eval_tasks, tmp_path / "e.json"
-    )
-    assert_same_numbers(logged[10], reference)
-    assert logged[5]["eval/mc/acc"] != logged[10]["eval/mc/acc"] or logged[5] != logged[10]  # it is re-scored
-    if kind == "gpt":  # curves.png reads the same columns
-        curves = read_curves(tmp_path / "run")
-        assert [s for s, _ in curves["eval/core"]] == [5, 10] and "eval/mc/acc" in curves
-        assert (tmp_path / "run" / "curves.png").is_file()
+@pytest.fixture(scope="module")
+def world(tiny_world, eval_tasks) -> dict:
+    return {**tiny_world, "eval_tasks": eval_tasks}
 
 
-def test_in_loop_eval_leaves_the_losses_bitwise_and_survives_resume(tiny_world, eval_tasks, tmp_path):
+def test_decoder_in_loop_eval_is_pretrain_evaluate_leaves_losses_bitwise_and_survives_resume(world, tmp_path):
     model = {"dropout": 0.1}  # dropout on: its masks must not move
-    for name in ("plain", "evaluated"):
-        (tmp_path / name).mkdir()
-    plain = tiny_recipe(tmp_path / "plain", tiny_world, "gpt", model=model)
-    evaluated = tiny_recipe(
-        tmp_path / "evaluated", tiny_world, "gpt", model=model, eval_during_fit=eval_section(eval_tasks)
-    )
-    run_cli("fit", str(plain), "trainer.max_steps=15")
-    run_cli("fit", str(evaluated), "trainer.max_steps=10")
-    run_cli("fit", str(evaluated), "trainer.max_steps=15")  # resume=auto from step 10
+    plain = eval_recipe(tmp_path / "plain", world, "gpt", evaluated=False, model=model)
+    evaluated = eval_recipe(tmp_path / "evaluated", world, "gpt", model=model)
+    assert cli_main(["fit", str(plain), "trainer.max_steps=6"]) == 0
+    assert cli_main(["fit", str(evaluated)]) == 0
+    assert cli_main(["fit", str(evaluated), "trainer.max_steps=6"]) == 0  # resume=auto from step 4
+    run_dir = tmp_path / "evaluated" / "run"
     reference = metric_by_step(read_metrics(tmp_path / "plain" / "run"), "train/loss")
-    launches = launch_metrics(tmp_path / "evaluated" / "run")
-    assert len(launches) == 2
+    launches = launch_metrics(run_dir)
     losses = {s: v for rows in launches for s, v in metric_by_step(rows, "train/loss").items()}
-    assert losses == reference and len(reference) == 15  # bitwise: the CSV holds every float exactly
-    evaluated_steps = [sorted(logged_eval_rows(rows)) for rows in launches]
-    assert evaluated_steps == [[5, 10], [15]]  # step 10 is not evaluated again after the resume
+    assert losses == reference and len(reference) == 6  # bitwise: the CSV holds every float exactly
+    assert [sorted(logged_eval(rows)) for rows in launches] == [[2, 4], [6]]  # step 4 not evaluated twice
+    logged = logged_eval(read_metrics(run_dir))
+    for step in (2, 4, 6):
+        assert {k for k in logged[step] if k.endswith("seconds")} == {
+            "eval/seconds",
+            "eval/mc/seconds",
+            "eval/ppl/seconds",
+        }
+    reference = evaluate_checkpoint(
+        run_dir / "checkpoints" / "last.ckpt", world["eval_tasks"], tmp_path / "e.json"
+    )
+    assert_same_numbers(logged[6], reference)
+    assert (
+        logged[2]["eval/ppl/token_perplexity"] != logged[6]["eval/ppl/token_perplexity"]
+    )  # re-scored as it learns
+    curves = read_curves(run_dir)  # curves.png reads the same columns
+    assert [s for s, _ in curves["eval/core"]] == [2, 4, 6] and "eval/mc/acc" in curves
+    assert (run_dir / "curves.png").is_file()
 
 
-def logged_eval_rows(rows: list[dict[str, str]]) -> set[int]:
-    return {int(r["step"]) for r in rows if r.get("eval/core") not in (None, "")}
+@pytest.mark.parametrize("kind", ["bert", "t5"])
+def test_encoder_and_encoder_decoder_in_loop_eval_is_pretrain_evaluate(kind, world, tmp_path):
+    """BERT by pseudo-log-likelihood, T5 as a seq2seq scorer: the numbers of the checkpoint at that step."""
+    assert cli_main(["fit", str(eval_recipe(tmp_path, world, kind))]) == 0
+    logged = logged_eval(read_metrics(tmp_path / "run"))
+    assert sorted(logged) == [2, 4]
+    reference = evaluate_checkpoint(
+        tmp_path / "run" / "checkpoints" / "last.ckpt", world["eval_tasks"], tmp_path / "e.json"
+    )
+    assert_same_numbers(logged[4], reference)
 
 
-def test_two_rank_fsdp2_in_loop_eval_equals_pretrain_evaluate(tiny_world, eval_tasks, tmp_path):
-    """Examples sharded over 2 gloo ranks of an FSDP2 run, gathered: the same numbers as one process."""
-    recipe = tiny_recipe(
+def test_two_rank_fsdp2_in_loop_eval_equals_pretrain_evaluate(world, tmp_path):
+    """Requests sharded over 2 gloo ranks of an FSDP2 run and gathered: the numbers of one process."""
+    recipe = eval_recipe(
         tmp_path,
-        tiny_world,
+        world,
         "gpt",
-        eval_during_fit=eval_section(eval_tasks),
         trainer={"devices": 2, "accelerator": "cpu"},
         strategy={"name": "fsdp", "fsdp": {"state_dict_type": "full"}},
     )
     run_ranks(WORKER, "fit", str(recipe), log_dir=tmp_path)
-    logged = logged_eval(tmp_path / "run")
-    assert sorted(logged) == [5, 10]
+    logged = logged_eval(read_metrics(tmp_path / "run"))
+    assert sorted(logged) == [2, 4]
     reference = evaluate_checkpoint(
-        tmp_path / "run" / "checkpoints" / "last.ckpt", eval_tasks, tmp_path / "e.json"
+        tmp_path / "run" / "checkpoints" / "last.ckpt", world["eval_tasks"], tmp_path / "e.json"
     )
-    assert_same_numbers(logged[10], reference)
+    assert_same_numbers(logged[4], reference)
