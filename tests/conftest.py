@@ -30,3 +30,13 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def shipped_corpus() -> Path:
     return SHIPPED_CORPUS
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (as ``OMP_NUM_THREADS=1`` CLI subprocesses): on a loaded 2-core machine
+    two threads cost ~100x per op of a tiny model."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
