@@ -8,7 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-from training_utils import launch_metrics, metric_by_step, read_metrics, run_ranks, tiny_recipe
+from training_utils import (
+    launch_metrics,
+    metric_by_step,
+    read_metrics,
+    run_ranks,
+    tiny_recipe,
+    wandb_records,
+)
 
 from pretrain.cli import main as cli_main
 from pretrain.training.plots import read_curves
@@ -141,14 +148,24 @@ def test_decoder_in_loop_eval_is_pretrain_evaluate_leaves_losses_bitwise_and_sur
 
 @pytest.mark.parametrize("kind", ["bert", "t5"])
 def test_encoder_and_encoder_decoder_in_loop_eval_is_pretrain_evaluate(kind, world, tmp_path):
-    """BERT by pseudo-log-likelihood, T5 as a seq2seq scorer: the numbers of the checkpoint at that step."""
-    assert cli_main(["fit", str(eval_recipe(tmp_path, world, kind))]) == 0
+    """BERT by pseudo-log-likelihood, T5 as a seq2seq scorer: the numbers of the checkpoint at that step; the
+    BERT run also logs them to (offline) W&B."""
+    wandb = {"logger": {"wandb": {"enabled": True}, "csv": True}} if kind == "bert" else {}
+    assert cli_main(["fit", str(eval_recipe(tmp_path, world, kind, **wandb))]) == 0
     logged = logged_eval(read_metrics(tmp_path / "run"))
     assert sorted(logged) == [2, 4]
-    reference = evaluate_checkpoint(
-        tmp_path / "run" / "checkpoints" / "last.ckpt", world["eval_tasks"], tmp_path / "e.json"
-    )
-    assert_same_numbers(logged[4], reference)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert_same_numbers(logged[4], evaluate_checkpoint(checkpoint, world["eval_tasks"], tmp_path / "e.json"))
+    if wandb:
+        (run_file,) = (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
+        history = [
+            {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+            for r in wandb_records(run_file)
+            if r.WhichOneof("record_type") == "history"
+        ]
+        in_wandb = {h["trainer/global_step"]: h for h in history if "eval/core" in h}
+        assert sorted(in_wandb) == [2, 4]
+        assert {k: in_wandb[4][k] for k in logged[4]} == logged[4]
 
 
 def test_two_rank_fsdp2_in_loop_eval_equals_pretrain_evaluate(world, tmp_path):
