@@ -150,6 +150,12 @@ class LMScorer:
         return context_ids, self.encode(context + continuation)[len(context_ids) :]
 
     # ------------------------------------------------------------------ log-likelihood
+    def forward_count(self, requests: Sequence[Request]) -> int:
+        """How many ``logits_fn`` calls ``loglikelihood_tokens(requests)`` makes (batches of requests, or of
+        masked rows for an encoder)."""
+        rows = sum(len(cont) for _, cont in requests) if self.encoder_only else len(requests)
+        return -(-rows // self.batch_size)
+
     def encode_requests(self, pairs: Sequence[tuple[str, str]]) -> list[Request]:
         """Token requests of (context, continuation) string pairs; an error names a continuation with no
         tokens of its own."""

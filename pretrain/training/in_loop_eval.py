@@ -5,7 +5,8 @@ The callback adapts ``pretrain.evaluation`` (which knows nothing of training): i
 the backbone and hands ``evaluate`` a log-likelihood function that shards the token requests over the ranks
 (request i on rank i mod W, each scored exactly once), gathers the results in order, and so returns on every
 rank what one process would. Under FSDP2 and ZeRO-3 every forward all-gathers parameters, so every rank must
-run as many forwards as the busiest one: ranks with fewer run one-token forwards whose output is dropped.
+run as many forwards as the busiest one: the ranks agree on that number first (``LMScorer.forward_count``), and
+those with fewer then run one-token forwards whose output is dropped.
 
 The trajectory is untouched: the backbone is put in eval mode (dropout off) and back, under ``no_grad``, and
 the global RNG states (Python, NumPy, torch CPU and CUDA) are restored afterwards. The last evaluated step is
@@ -151,10 +152,11 @@ class InLoopEvaluation(Callback):
         world, rank = trainer.world_size, trainer.global_rank
         if world == 1 or not dist.is_initialized():
             return scorer.loglikelihood_tokens(requests)
+        share = requests[rank::world]
+        most = torch.tensor(scorer.forward_count(share), device=scorer.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)  # agreed before any forward: each one is a collective
         self._forwards = 0
-        mine = scorer.loglikelihood_tokens(requests[rank::world])
-        most = torch.tensor(self._forwards, device=scorer.device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        mine = scorer.loglikelihood_tokens(share)
         for _ in range(int(most) - self._forwards):  # keep every rank's collectives (FSDP2, ZeRO-3) in step
             _idle_forward(scorer)
         shards: list[Any] = [None] * world
