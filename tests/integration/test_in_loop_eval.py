@@ -176,11 +176,11 @@ def test_two_rank_fsdp2_in_loop_eval_equals_pretrain_evaluate(world, tmp_path):
         tmp_path,
         world,
         "bert",
-        trainer={"devices": 2, "accelerator": "cpu"},
+        trainer={"devices": 2, "accelerator": "cpu", "max_steps": 2},
         strategy={"name": "fsdp", "fsdp": {"state_dict_type": "full"}},
     )
     run_ranks(WORKER, "fit", str(recipe), log_dir=tmp_path, timeout=400)
     logged = logged_eval(read_metrics(tmp_path / "run"))
-    assert sorted(logged) == [2, 4]
+    assert sorted(logged) == [2]
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert_same_numbers(logged[4], evaluate_checkpoint(checkpoint, world["eval_tasks"], tmp_path / "e.json"))
+    assert_same_numbers(logged[2], evaluate_checkpoint(checkpoint, world["eval_tasks"], tmp_path / "e.json"))

@@ -24,6 +24,8 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is far faster
+
 
 @pytest.fixture(scope="module")
 def corpus(shipped_corpus) -> str:
@@ -39,7 +41,9 @@ def tokenizer(corpus, tmp_path_factory):
 
 def tiny(kind: str, dtype=torch.float32, max_seq_len: int = 96) -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=416, d_model=64, n_layer=2, n_head=4, max_seq_len=max_seq_len, **SCORING_ARCHS[kind])
+    cfg = ModelConfig(
+        vocab_size=416, d_model=64, n_layer=2, n_head=4, max_seq_len=max_seq_len, **SCORING_ARCHS[kind]
+    )
     return Transformer(cfg).to(dtype).eval()
 
 
