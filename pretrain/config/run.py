@@ -219,6 +219,20 @@ class GuardsConfig:
 
 
 @dataclass
+class EvalDuringFitConfig:
+    """In-context evaluation of the training model itself every ``every_n_steps`` optimizer steps
+    (``pretrain.training.in_loop_eval``; the task options of ``pretrain evaluate``); off while ``tasks`` is empty."""
+
+    tasks: list[str] = field(default_factory=list)  # names in configs/eval/ or task YAML paths
+    every_n_steps: int = 500
+    limit: int | None = None  # first N examples (documents) per task
+    num_fewshot: int | None = None  # overrides every task's num_fewshot
+    batch_size: int = 16  # sequences per forward pass (per rank)
+    data_root: str | None = None  # fills ${data_root} in task files
+    seed: int = 1234  # few-shot sampler seed (lm-eval's default)
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 1337
@@ -235,6 +249,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    eval_during_fit: EvalDuringFitConfig = field(default_factory=EvalDuringFitConfig)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -300,6 +315,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             raise ValueError(f"data.sources[{i}].{err}") from None
     _check_optim(run.optim)
     _check_guards(run.guards)
+    _check_eval_during_fit(run.eval_during_fit)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
         raise ValueError(
             "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
@@ -389,6 +405,25 @@ def _check_guards(g: GuardsConfig) -> None:
     for name, ok, bound in checks:
         if not ok:
             raise ValueError(f"guards.{name} must be {bound}")
+
+
+def _check_eval_during_fit(e: EvalDuringFitConfig) -> None:
+    """Bounds, and every task name resolves to a task file (its data is read when the Trainer is built)."""
+    from pretrain.evaluation.config import resolve_task_file
+
+    for name, value, low in (
+        ("every_n_steps", e.every_n_steps, 1),
+        ("batch_size", e.batch_size, 1),
+        ("limit", e.limit, 1),
+        ("num_fewshot", e.num_fewshot, 0),
+    ):
+        if value is not None and value < low:
+            raise ValueError(f"eval_during_fit.{name} must be >= {low}, got {value}")
+    for name in e.tasks:
+        try:
+            resolve_task_file(name)
+        except FileNotFoundError as err:
+            raise ValueError(f"eval_during_fit.tasks: {err}") from None
 
 
 def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:
