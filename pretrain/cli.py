@@ -104,7 +104,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 # a full disk or a file the user may not write: one line, not a traceback
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 def _reportable(err: Exception) -> bool:

@@ -57,6 +57,7 @@ class SourceConfig:
     weight: float = 1.0
     document: str = "blank_line"
     text_field: str = "text"
+    dedup: Literal["none", "exact"] = "none"  # exact: drop documents whose text repeats an earlier one
 
 
 @dataclass
@@ -268,6 +269,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             document_mode(source.document)
         except ValueError as err:
             raise ValueError(f"data.sources[{i}].{err}") from None
+    _check_sources(run.data.sources)
     _check_optim(run.optim)
     _check_guards(run.guards)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
@@ -276,6 +278,26 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             "set guards.spike.enabled=false or use strategy ddp / fsdp"
         )
     return run
+
+
+def _check_sources(sources: list[SourceConfig]) -> None:
+    """Each source has its own name and its own ``prepared`` directory (one would overwrite the other)."""
+    names: dict[str, int] = {}
+    dirs: dict[Path, int] = {}
+    for i, source in enumerate(sources):
+        if source.name in names:
+            raise ValueError(
+                f"data.sources[{i}].name={source.name!r} is also data.sources[{names[source.name]}]'s; "
+                "give every source its own name"
+            )
+        names[source.name] = i
+        where = Path(source.prepared).expanduser().resolve()
+        if where in dirs:
+            raise ValueError(
+                f"data.sources[{i}].prepared={source.prepared!r} is also data.sources[{dirs[where]}]'s prepared "
+                "directory: the second `prepare` would overwrite the first; give each source its own directory"
+            )
+        dirs[where] = i
 
 
 def _check_objective(o: ObjectiveConfig) -> None:

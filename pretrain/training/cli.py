@@ -296,6 +296,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 text_field=source.text_field,
                 on_invalid_utf8=run.data.on_invalid_utf8,
                 eos_token=run.tokenizer.special_tokens.get("eos"),
+                dedup=source.dedup,
                 num_workers=args.workers,
                 force=args.force,
             )
@@ -304,7 +305,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         counts = ", ".join(
             f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items()
         )
-        print(f"prepared {source.name} -> {source.prepared}: {counts}")
+        dropped = [
+            f"{meta.get(key, 0):,} {what}"
+            for key, what in (("duplicates_dropped", "exact duplicates"), ("null_texts", "null texts"))
+            if meta.get(key)
+        ]
+        print(
+            f"prepared {source.name} -> {source.prepared}: {counts}"
+            + (f" (dropped {', '.join(dropped)})" if dropped else "")
+        )
     return 0
 
 
