@@ -195,6 +195,11 @@ class PretrainModule(L.LightningModule):
         totals = {"loss_sum": loss_sum, "num_correct": correct, "num_targets": self._step_targets}
         metrics = {f"train/{k}": v for k, v in self.objective.summarize(totals).items()}
         metrics["train/tokens_seen"] = float(self.tokens_seen)
+        data = self.trainer.datamodule
+        if isinstance(data, PretrainDataModule) and len(data.names) > 1:  # corpus tokens read, per source
+            metrics.update(
+                {f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()}
+            )
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
         self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)

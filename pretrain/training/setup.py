@@ -32,6 +32,7 @@ def build_objective(run: RunConfig, tokenizer: Any) -> Any:
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
     """The datamodule; ``ValueError`` when a prepared corpus was tokenized with another tokenizer."""
     from datamodules.prepare import read_meta
+    from pretrain.config.run import mixture_schedule
     from pretrain.training.module import PretrainData
 
     digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
@@ -53,6 +54,8 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
         seed=run.seed,
         val_batches=run.trainer.limit_val_batches,
         accumulate_grad_batches=run.trainer.accumulate_grad_batches,
+        schedule=mixture_schedule(run.data),
+        names=[s.name for s in run.data.sources],
     )
 
 
