@@ -53,6 +53,9 @@ class InvalidUTF8Error(ValueError):
         self.location, self.detail = location, detail
         super().__init__(self.with_fix("on_invalid_utf8"))
 
+    def __reduce__(self):  # picklable (a task of ``datamodules.executors`` sends it to the launcher)
+        return type(self), (self.location, self.detail)
+
     def with_fix(self, key: str) -> str:
         return f"{self.location}: invalid UTF-8 ({self.detail}); fix the file or set {key}=replace (or skip)"
 

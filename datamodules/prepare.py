@@ -301,6 +301,16 @@ class Plan:
     def tokenizer_hash(self) -> str:
         return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()
 
+    def key_for(self, input_hashes: list[str]) -> str:
+        """The cache key of this plan's settings and tokenizer on inputs with these content hashes."""
+        material = {
+            "format_version": FORMAT_VERSION,
+            "inputs": input_hashes,
+            "tokenizer": self.tokenizer_hash,
+            "settings": self.settings,
+        }
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
     def stale_reason(self, old: dict) -> str | None:
         """Why a directory whose ``meta.json`` is ``old`` is not this plan's output (None: it is)."""
         if old.get("cache_key") == self.cache_key:
@@ -322,15 +332,15 @@ class Plan:
         return f"the settings differ ({old.get('settings')} -> {self.settings})"
 
 
-def _input_info(source: Source, previous: dict[str, dict]) -> dict:
+def _input_info(source: Source, previous: dict[str, dict], hash_inputs: bool = True) -> dict:
     """Kind, location, content hash and (size, mtime) of an input; the hash recorded in ``previous`` is reused
-    while the file's size and modification time are unchanged."""
+    while the file's size and modification time are unchanged (None when not ``hash_inputs``)."""
     stat = source.stat()
     old = previous.get(source.location)
     if old is not None and stat is not None and old.get("stat") == list(stat):
         digest = old["sha256"]
     else:
-        digest = source.fingerprint()
+        digest = source.fingerprint() if hash_inputs else None
     return {"kind": source.kind, "location": source.location, "sha256": digest, "stat": stat and list(stat)}
 
 
@@ -347,9 +357,11 @@ def plan(
     eos_token: str | None = None,
     dedup: str = "none",
     previous: dict | None = None,
+    hash_inputs: bool = True,
 ) -> Plan:
     """Check the arguments (one ``ValueError`` naming the fix) and compute the build's ``Plan``; ``previous`` is
-    an existing ``meta.json`` whose input hashes may be reused (see ``_input_info``)."""
+    an existing ``meta.json`` whose input hashes may be reused (see ``_input_info``). Without ``hash_inputs``
+    (the tasks of ``datamodules.executors`` hash their own files) unknown hashes stay None."""
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
     document_mode(document)  # ValueError naming the conventions
@@ -367,7 +379,7 @@ def plan(
             f"the corpus is empty: every input is an empty file ({[s.location for s in sources]})"
         )
     recorded = {i["location"]: i for i in (previous or {}).get("inputs", [])}
-    input_info = [_input_info(s, recorded) for s in sources]
+    input_info = [_input_info(s, recorded, hash_inputs) for s in sources]
     settings = {
         "val_fraction": val_fraction,
         "seed": seed,
@@ -378,14 +390,9 @@ def plan(
         "eos_token": eos,
         "dedup": dedup,
     }
-    key_material = {
-        "format_version": FORMAT_VERSION,
-        "inputs": [i["sha256"] for i in input_info],
-        "tokenizer": hashlib.sha256(tokenizer.to_str().encode()).hexdigest(),
-        "settings": settings,
-    }
-    cache_key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
-    return Plan(tokenizer, eos, eos_id, dtype, sources, input_info, settings, cache_key)
+    made = Plan(tokenizer, eos, eos_id, dtype, sources, input_info, settings, "")
+    made.cache_key = made.key_for([i["sha256"] for i in input_info])
+    return made
 
 
 def stale_reason(prepared_dir: str | os.PathLike, inputs, tokenizer, **settings) -> str | None:

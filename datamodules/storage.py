@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +20,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to a temporary file next to ``path``, fsync, then ``os.replace``: a reader sees the old
     file or the complete new one, never a truncated one (a failed write leaves the old file as it was)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(tmp, "x", encoding="utf-8") as f:  # the umask's permissions, as a plain write would have
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
