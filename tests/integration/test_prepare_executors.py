@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from training_utils import CORPUS, run_cli, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import CORPUS, run_cli, tiny_recipe
 
 from datamodules.executors import prepare_in_tasks, task_groups
 from datamodules.indexed import IndexedDataset
@@ -48,7 +48,7 @@ def test_task_groups_are_contiguous_and_balanced():
     assert len(groups) == 3 and [f for g in groups for f in g] == list(range(5))
 
 
-def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path, corpus, tiny_world):  # noqa: F811
+def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path, corpus, tiny_world):
     tok = tiny_world["tokenizer"]
     single = tmp_path / "single"
     prepare(corpus, tok, single, val_fraction=0.2, seed=3, progress=False)
@@ -98,7 +98,7 @@ def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path
 
 
 @pytest.mark.slow
-def test_ray_cluster_of_two_workers_equals_single_process(tmp_path, corpus, tiny_world):  # noqa: F811
+def test_ray_cluster_of_two_workers_equals_single_process(tmp_path, corpus, tiny_world):
     single = tmp_path / "single"
     prepare(corpus, tiny_world["tokenizer"], single, val_fraction=0.1, progress=False)
     data = {

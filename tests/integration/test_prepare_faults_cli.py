@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from training_utils import CORPUS, REPO_ROOT, cli_env, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import CORPUS, REPO_ROOT, cli_env, tiny_recipe
 
 from datamodules.indexed import IndexedDataset
 
@@ -43,7 +43,7 @@ def _cli_with_full_disk(max_bytes: int, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
-def test_full_disk_keeps_the_tokenizer_and_names_the_path(tmp_path, tiny_world):  # noqa: F811
+def test_full_disk_keeps_the_tokenizer_and_names_the_path(tmp_path, tiny_world):
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_bytes(tiny_world["tokenizer"].read_bytes())
     corpus = tmp_path / "c.txt"
@@ -79,7 +79,7 @@ print(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).g
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc peak RSS")
-def test_a_long_single_line_document_has_bounded_memory_and_identical_ids(tmp_path, tiny_world):  # noqa: F811
+def test_a_long_single_line_document_has_bounded_memory_and_identical_ids(tmp_path, tiny_world):
     """A 2 MB one-line document: in pieces, peak RSS stays far below encoding it whole; the ids are identical."""
     text = CORPUS.read_text()[:200_000].replace("\n", " ")
     (tmp_path / "long.txt").write_text((text + " ") * 10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from training_utils import (  # noqa: F401
+from training_utils import (
     Background,
     fit_and_kill,
     metric_by_step,
@@ -13,7 +13,6 @@ from training_utils import (  # noqa: F401
     read_metrics,
     run_cli,
     tiny_recipe,
-    tiny_world,
 )
 
 from datamodules.prepare import prepare
@@ -22,7 +21,7 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def two_sources(tiny_world, tmp_path_factory):  # noqa: F811
+def two_sources(tiny_world, tmp_path_factory):
     root = tmp_path_factory.mktemp("mix")
     text = tiny_world["corpus"].read_text()
     dirs = {}
@@ -59,7 +58,7 @@ def schedule_recipe(directory, world, dirs):
 
 
 @pytest.mark.slow
-def test_two_ranks_killed_after_a_phase_boundary_resume_bitwise(tmp_path, tiny_world, two_sources):  # noqa: F811
+def test_two_ranks_killed_after_a_phase_boundary_resume_bitwise(tmp_path, tiny_world, two_sources):
     full = schedule_recipe(tmp_path / "full", tiny_world, two_sources)
     reference = Background("fit", str(full), log=tmp_path / "full.log")
     killed = schedule_recipe(tmp_path / "killed", tiny_world, two_sources)

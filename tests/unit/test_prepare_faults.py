@@ -13,7 +13,7 @@ import pytest
 from filelock import FileLock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from training_utils import CORPUS, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import CORPUS, tiny_recipe
 
 from datamodules.prepare import Encoder, prepare, split_pieces
 from datamodules.tokenizer import load_tokenizer
@@ -33,7 +33,7 @@ def source_recipe(tmp_path, world, *sources, **sections):
     return tiny_recipe(tmp_path, world, "gpt", data=data, **sections)
 
 
-def test_fit_refuses_shards_older_than_the_edited_corpus(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_fit_refuses_shards_older_than_the_edited_corpus(capsys, tmp_path, tiny_world):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS.read_text()[:30_000])
     recipe = source_recipe(tmp_path, tiny_world, {"text": [str(corpus)], "prepared": str(tmp_path / "p")})
@@ -49,7 +49,7 @@ def test_fit_refuses_shards_older_than_the_edited_corpus(capsys, tmp_path, tiny_
     check_fresh(run, run.data.sources[0], load_tokenizer(tiny_world["tokenizer"]))
 
 
-def test_null_texts_are_counted_and_reported_in_parquet_and_jsonl(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_null_texts_are_counted_and_reported_in_parquet_and_jsonl(capsys, tmp_path, tiny_world):
     rows = ["alpha beta", None, "gamma delta", None, None, "epsilon"]
     pq.write_table(pa.table({"text": rows}), tmp_path / "a.parquet")
     (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
@@ -65,7 +65,7 @@ def test_null_texts_are_counted_and_reported_in_parquet_and_jsonl(capsys, tmp_pa
     assert "dropped 3 null texts" in capsys.readouterr().out
 
 
-def test_two_sources_with_one_prepared_directory_are_refused(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_two_sources_with_one_prepared_directory_are_refused(capsys, tmp_path, tiny_world):
     same = str(tmp_path / "p")
     recipe = source_recipe(
         tmp_path,
@@ -77,7 +77,7 @@ def test_two_sources_with_one_prepared_directory_are_refused(capsys, tmp_path, t
     assert "data.sources[1].prepared" in line and "data.sources[0]" in line
 
 
-def test_a_second_prepare_into_the_same_directory_is_refused(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_a_second_prepare_into_the_same_directory_is_refused(capsys, tmp_path, tiny_world):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS.read_text()[:5_000])
     recipe = source_recipe(tmp_path, tiny_world, {"text": [str(corpus)], "prepared": str(tmp_path / "p")})
@@ -87,7 +87,7 @@ def test_a_second_prepare_into_the_same_directory_is_refused(capsys, tmp_path, t
     assert main(["prepare", str(recipe)]) == 0
 
 
-def test_truncated_gzip_is_one_line(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_truncated_gzip_is_one_line(capsys, tmp_path, tiny_world):
     data = gzip.compress(CORPUS.read_bytes()[:50_000])
     (tmp_path / "c.txt.gz").write_bytes(data[: len(data) // 2])
     recipe = source_recipe(
