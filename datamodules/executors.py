@@ -20,6 +20,7 @@ add a second execution model for the same job, and has no SLURM launcher.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -59,7 +60,7 @@ def task_groups(sizes: list[int], tasks: int) -> list[range]:
             f += 1
         bounds.append(f)
     bounds.append(len(sizes))
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 class TokenizeTask(PipelineStep):

@@ -121,3 +121,31 @@ def _tok():
 
         _TOKENIZER.append(train_bpe([CORPUS], 600, show_progress=False))
     return _TOKENIZER[0]
+
+
+def test_exact_dedup_drops_repeats_and_keeps_the_others_split(capsys, tmp_path, tiny_world):
+    paragraphs = CORPUS.read_text()[:40_000].split("\n\n")
+    text = "\n\n".join(paragraphs + paragraphs[:50] + paragraphs[10:20])  # 60 repeats, appended
+    (tmp_path / "c.txt").write_text(text)
+    tok = tiny_world["tokenizer"]
+    plain = prepare(tmp_path / "c.txt", tok, tmp_path / "plain", val_fraction=0.3, progress=False)
+    deduped = prepare(
+        tmp_path / "c.txt", tok, tmp_path / "dedup", val_fraction=0.3, dedup="exact", progress=False
+    )
+    unique = len({p for p in paragraphs if p.strip()})
+    assert deduped["duplicates_dropped"] == plain["documents"] - unique
+    assert sum(s["documents"] for s in deduped["splits"].values()) == unique
+    # the first occurrences are the plain build's first documents, in the same split (positions are kept)
+    from datamodules.indexed import IndexedDataset
+
+    for split in ("train", "val"):
+        kept = [d.tolist() for d in IndexedDataset(tmp_path / "dedup" / split)]
+        first = [d.tolist() for d in IndexedDataset(tmp_path / "plain" / split)][: len(kept)]
+        assert kept == first
+    recipe = source_recipe(
+        tmp_path,
+        tiny_world,
+        {"text": [str(tmp_path / "c.txt")], "prepared": str(tmp_path / "cli"), "dedup": "exact"},
+    )
+    assert main(["prepare", str(recipe)]) == 0
+    assert f"dropped {deduped['duplicates_dropped']} exact duplicates" in capsys.readouterr().out
