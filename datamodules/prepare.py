@@ -159,7 +159,8 @@ class Encoder:
         if not long:
             return [e.ids for e in self._encode(texts, add_special_tokens=False)]
         out: list = [None] * len(texts)
-        short = [i for i in range(len(texts)) if i not in set(long)]
+        is_long = set(long)
+        short = [i for i in range(len(texts)) if i not in is_long]
         for i, e in zip(short, self._encode([texts[i] for i in short], add_special_tokens=False)):
             out[i] = e.ids
         for i in long:
