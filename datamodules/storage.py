@@ -39,7 +39,7 @@ def naming(err: OSError, path: str | os.PathLike) -> OSError:
     if err.filename is not None or err.errno not in STORAGE_ERRNOS:
         return err
     return type(err)(
-        err.errno, f"{os.strerror(err.errno)} while writing (free space or choose another place)", str(path)
+        err.errno, f"{os.strerror(err.errno)} while writing", str(path)
     )
 
 
