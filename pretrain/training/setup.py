@@ -54,6 +54,7 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
     """The datamodule; ``ValueError`` when a prepared corpus was tokenized with another tokenizer."""
     from datamodules.prepare import read_meta
+    from pretrain.config.run import mixture_schedule
     from pretrain.training.module import PretrainData
 
     digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
@@ -63,6 +64,8 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
                 f"{source.prepared} was prepared with another tokenizer than {run.tokenizer.path}; "
                 f"rerun `pretrain prepare` (with --force) or point data.sources at matching data"
             )
+        if source.text:
+            check_fresh(run, source, tokenizer)
     return PretrainData(
         [s.prepared for s in run.data.sources],
         objective,
@@ -73,7 +76,32 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
         seed=run.seed,
         val_batches=run.trainer.limit_val_batches,
         accumulate_grad_batches=run.trainer.accumulate_grad_batches,
+        schedule=mixture_schedule(run.data),
+        names=[s.name for s in run.data.sources],
     )
+
+
+def check_fresh(run: RunConfig, source: Any, tokenizer: Any) -> None:
+    """``ValueError`` when ``source.prepared`` is not what ``pretrain prepare`` would write from the recipe now
+    (raw text edited, settings changed, files damaged): training on it would silently use stale data."""
+    from datamodules.prepare import stale_reason
+
+    reason = stale_reason(
+        source.prepared,
+        list(source.text),
+        tokenizer,
+        val_fraction=run.data.val_fraction,
+        document=source.document,
+        text_field=source.text_field,
+        on_invalid_utf8=run.data.on_invalid_utf8,
+        eos_token=run.tokenizer.special_tokens.get("eos"),
+        dedup=source.dedup,
+    )
+    if reason is not None:
+        raise ValueError(
+            f"data source {source.name!r}: {source.prepared} is stale ({reason}); rerun `pretrain prepare` "
+            "with this recipe to rebuild it"
+        )
 
 
 def resume_path(run: RunConfig) -> Path | None:
