@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from datamodules.atomic import STORAGE_ERRNOS
+from datamodules.storage import STORAGE_ERRNOS
 
 # what to lower, per verb, when memory runs out
 MEMORY_FIX = {
@@ -87,10 +87,16 @@ def describe(err: BaseException, verb: str) -> str | None:
         return str(err)
     if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err) else ""
-        fix = "free space there or point the run at another disk" if err.errno in (
-            errno.ENOSPC,
-            errno.EDQUOT,
-        ) else "choose a path you may write"
+        fix = (
+            "free space there or point the run at another disk"
+            if err.errno
+            in (
+                errno.ENOSPC,
+                errno.EDQUOT,
+                errno.EFBIG,  # a file-size limit: what a full disk looks like to one process
+            )
+            else "choose a path you may write"
+        )
         return f"{err}{where}; {fix}"
     if isinstance(err, (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)):
         return str(err)

@@ -7,6 +7,7 @@ Recipes compose and validate through ``pretrain.config.compose``; the model sect
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,11 +59,32 @@ class SourceConfig:
     weight: float = 1.0
     document: str = "blank_line"
     text_field: str = "text"
+    dedup: Literal["none", "exact"] = "none"  # exact: drop documents whose text repeats an earlier one
+
+
+@dataclass
+class PhaseConfig:
+    """From optimizer step ``start`` on, sample the sources by ``weights`` (source name -> weight, summing to 1;
+    a source left out has weight 0)."""
+
+    start: int = 0
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ScheduleConfig:
+    """A mixture that changes over training (``datamodules.schedule``): no phases keeps ``sources[].weight`` for
+    the whole run; with phases, the first starts at step 0, ``constant`` holds each phase's weights until the
+    next, ``linear`` moves from one phase's weights to the next's step by step."""
+
+    phases: list[PhaseConfig] = field(default_factory=list)
+    interpolation: Literal["constant", "linear"] = "constant"
 
 
 @dataclass
 class DataConfig:
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     seq_len: int = 128  # model input length; the objective decides how many raw tokens a sample consumes
     micro_batch_size: int = 8  # per device, per forward pass
     num_workers: int = 0
@@ -319,6 +341,8 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             document_mode(source.document)
         except ValueError as err:
             problems.append(f"data.sources[{i}].{err}")
+    _collect(problems, _check_sources, run.data.sources)
+    _collect(problems, _check_schedule, run.data, run.trainer.max_steps)
     problems += optim_problems(run.optim) + _guards_problems(run.guards)
     _collect(problems, _check_eval_during_fit, run.eval_during_fit)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
@@ -339,6 +363,72 @@ def _collect(problems: list[str], check: Any, *args: Any) -> None:
         check(*args)
     except ValueError as err:
         problems.append(str(err))
+
+
+def _check_sources(sources: list[SourceConfig]) -> None:
+    """Each source has its own name and its own ``prepared`` directory (one would overwrite the other)."""
+    names: dict[str, int] = {}
+    dirs: dict[Path, int] = {}
+    for i, source in enumerate(sources):
+        if source.name in names:
+            raise ValueError(
+                f"data.sources[{i}].name={source.name!r} is also data.sources[{names[source.name]}]'s; "
+                "give every source its own name"
+            )
+        names[source.name] = i
+        where = Path(source.prepared).expanduser().resolve()
+        if where in dirs:
+            raise ValueError(
+                f"data.sources[{i}].prepared={source.prepared!r} is also data.sources[{dirs[where]}]'s prepared "
+                "directory: the second `prepare` would overwrite the first; give each source its own directory"
+            )
+        dirs[where] = i
+
+
+def _check_schedule(data: DataConfig, max_steps: int) -> None:
+    """Phases in increasing step order from 0, each before ``trainer.max_steps``, weighing known sources by
+    non-negative weights that sum to 1."""
+    names = [s.name for s in data.sources]
+    previous = None
+    for i, phase in enumerate(data.schedule.phases):
+        where = f"data.schedule.phases[{i}]"
+        if i == 0 and phase.start != 0:
+            raise ValueError(f"{where}.start={phase.start}: the first phase must start at step 0")
+        if previous is not None and phase.start <= previous:
+            raise ValueError(
+                f"{where}.start={phase.start} is not after phases[{i - 1}].start={previous}: phases must be listed "
+                "in increasing step order, each starting where the previous one ends (no overlap)"
+            )
+        if phase.start >= max_steps:
+            raise ValueError(
+                f"{where}.start={phase.start} is past the run's end (trainer.max_steps={max_steps}); drop the "
+                "phase or raise trainer.max_steps"
+            )
+        unknown = sorted(set(phase.weights) - set(names))
+        if unknown:
+            raise ValueError(f"{where}.weights names unknown source(s) {unknown}; data.sources are {names}")
+        bad = {k: v for k, v in phase.weights.items() if not (math.isfinite(v) and v >= 0)}
+        if bad:
+            raise ValueError(f"{where}.weights must be >= 0, got {bad}")
+        total = sum(phase.weights.values())
+        if abs(total - 1) > 1e-6:
+            raise ValueError(f"{where}.weights sum to {total:g}, not 1: {dict(phase.weights)}")
+        previous = phase.start
+
+
+def mixture_schedule(data: DataConfig):
+    """The ``datamodules.schedule.MixtureSchedule`` of ``data.schedule`` (sources in ``data.sources`` order),
+    or None when it has no phases."""
+    if not data.schedule.phases:
+        return None
+    from datamodules.schedule import MixtureSchedule
+
+    names = [s.name for s in data.sources]
+    return MixtureSchedule(
+        [p.start for p in data.schedule.phases],
+        [[p.weights.get(n, 0.0) for n in names] for p in data.schedule.phases],
+        data.schedule.interpolation,
+    )
 
 
 def _check_objective(o: ObjectiveConfig) -> None:

@@ -177,6 +177,9 @@ class PretrainModule(L.LightningModule):
         if grads:
             metrics["train/grad_norm"] = float(host[3])
         metrics["train/tokens_seen"] = float(self.tokens_seen)
+        data = self.trainer.datamodule
+        if isinstance(data, PretrainDataModule) and len(data.names) > 1:  # corpus tokens read, per source
+            metrics.update({f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()})
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
         metrics = {k: torch.tensor(v) for k, v in metrics.items()}  # host tensors: Lightning's reads never sync
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)

@@ -184,7 +184,8 @@ class PeakThroughputMonitor(Callback):
         totals[0] += 1
         totals[1] += self.batch_size_fn(batch)
         totals[2] += self.length_fn(batch)
-        self._pending.append((mark, *totals, float(pl_module.flops_per_batch)))
+        flops = pl_module.flops_per_batch  # None where the module counts none (some baselines): no MFU logged
+        self._pending.append((mark, *totals, None if flops is None else float(flops)))
         if (batch_idx + 1) % trainer.accumulate_grad_batches == 0 and lightning_compat.should_update_logs(
             trainer
         ):

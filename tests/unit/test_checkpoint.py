@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from datamodules import atomic
-from datamodules.atomic import replace_path
+from datamodules import storage as atomic
+from datamodules.storage import replace_path
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training.checkpoint.convert import (
