@@ -1,6 +1,7 @@
 """The recipe and checkpoint verbs: ``tokenizer``, ``prepare``, ``fit``, ``validate``, ``generate``, ``export``.
 
 Each verb is ``add_<verb>_arguments(parser)`` plus ``cmd_<verb>(args) -> exit status``; ``pretrain.cli`` dispatches.
+The config is loaded and validated before torch or Lightning is imported, so bad input is reported at once.
 """
 
 from __future__ import annotations
@@ -12,24 +13,22 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pretrain import config
 from pretrain.config import RunConfig
-from pretrain.training.setup import prepare_run
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from pretrain.models.transformer import Block
-    from pretrain.training.preemption import Interrupted
-    from pretrain.training.trainer import build_trainer
-
     run, resolved = config.load(args.recipe, args.overrides)
     if args.print_config:
         from omegaconf import OmegaConf
 
         print(OmegaConf.to_yaml(resolved), end="")
         return 0
+    from pretrain.models.transformer import Block
+    from pretrain.training.preemption import Interrupted
+    from pretrain.training.setup import prepare_run
+    from pretrain.training.trainer import build_trainer
+
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is not None and not strategy_reads(run.strategy.name, parts["ckpt"]):
         raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
@@ -97,11 +96,12 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pretrain.models.transformer import Block
-    from pretrain.training.trainer import build_trainer
-
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
     run, resolved = config.load(args.recipe, overrides)
+    from pretrain.models.transformer import Block
+    from pretrain.training.setup import prepare_run
+    from pretrain.training.trainer import build_trainer
+
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
@@ -150,6 +150,8 @@ def resume_mismatch(strategy: str, ckpt: Path) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
     from pretrain.models.generation import generate
     from pretrain.training.checkpoint import load_model
 
