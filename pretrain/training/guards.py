@@ -87,7 +87,8 @@ class StepGuard(Callback):
         self.events: list[dict[str, Any]] = []
         self.snapshot: dict[str, Any] | None = None
         self._trainer: L.Trainer | None = None
-        self._pending: tuple[int, tuple[int, int], DeferredRead] | None = None  # (step, data position, verdict)
+        # (step, data position, verdict) of the step being decided
+        self._pending: tuple[int, tuple[int, int], DeferredRead] | None = None
         self._lr_scaled: list[tuple[float, float]] | None = None
 
     # ------------------------------------------------------------------------------------------ state

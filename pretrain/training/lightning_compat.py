@@ -31,7 +31,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelPa
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from pretrain.training.checkpoint import atomic_directory
+from pretrain.training.checkpoint.io import atomic_directory
 
 TESTED_WITH = {"lightning": "2.6.6", "deepspeed": "0.19.8", "torch": "2.13.0"}
 
@@ -137,7 +137,8 @@ class PerModuleSharding(ModelParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        from pretrain.training.checkpoint import optimizer_state_by_name, read
+        from pretrain.training.checkpoint.convert import optimizer_state_by_name
+        from pretrain.training.checkpoint.io import read
 
         checkpoint = read(path)
         full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)

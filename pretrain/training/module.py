@@ -19,10 +19,11 @@ from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training import lightning_compat
-from pretrain.training.checkpoint import PAYLOAD
+from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
+
 TARGET_POSITIONS = (
     "target_positions"  # (N,) flat indices of the labelled positions (sparse-target objectives)
 )
@@ -123,7 +124,8 @@ class PretrainModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
         twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
-        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, self.trainer.world_size, self._reduce, twice)
+        k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
+        self.step_loss = StepLoss(k, world, self._reduce, twice)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """Micro-batch ``batch_idx`` of the running optimizer step; see ``pretrain.training.step``."""
@@ -154,10 +156,10 @@ class PretrainModule(L.LightningModule):
         step = self.step_loss
         assert step is not None and step.loss_sum is not None and self._num_correct is not None
         totals = [*self._reduce(torch.stack([step.loss_sum, self._num_correct.float()])), step.num_targets]
-        grads = [p.grad for p in self.parameters() if p.grad is not None]  # none under DeepSpeed (its engine's)
+        grads = [p.grad for p in self.parameters() if p.grad is not None]  # DeepSpeed: none (its engine's)
         if grads:
-            norm = torch.nn.utils.get_total_norm(grads)
-            totals.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor: made global
+            norm = torch.nn.utils.get_total_norm(grads)  # a DTensor under FSDP: made global
+            totals.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         host = torch.stack([t.float() for t in totals]).cpu()  # the step's one device-to-host transfer
         summary = dict(zip(("loss_sum", "num_correct", "num_targets"), host))
         metrics = {f"train/{k}": v for k, v in self.objective.summarize(summary).items()}
@@ -165,7 +167,9 @@ class PretrainModule(L.LightningModule):
             metrics["train/grad_norm"] = float(host[3])
         metrics["train/tokens_seen"] = float(self.tokens_seen)
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
-        metrics = {k: torch.tensor(v) for k, v in metrics.items()}  # host tensors: Lightning's reads never sync
+        metrics = {
+            k: torch.tensor(v) for k, v in metrics.items()
+        }  # on the host: Lightning's reads never wait
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
         self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)
 

@@ -37,7 +37,7 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 
-from pretrain.training.checkpoint import remove_partial_saves
+from pretrain.training.checkpoint.io import remove_partial_saves
 from pretrain.training.host_sync import DeferredRead, allowed
 
 log = logging.getLogger(__name__)

@@ -91,14 +91,16 @@ class PeakThroughputMonitor(Callback):
         window_size: int,
         peak: float | None = None,
     ) -> None:
-        self.batch_size_fn, self.length_fn, self.window_size, self.peak = batch_size_fn, length_fn, window_size, peak
+        self.batch_size_fn, self.length_fn, self.peak = batch_size_fn, length_fn, peak
+        self.window_size = window_size
         self.throughput: Throughput | None = None
         self._pending: deque[tuple[Any, int, int, int, float]] = deque(maxlen=window_size)
         self._t0 = self._validation_start = 0.0
         self._totals = [0, 0, 0]  # batches, samples, tokens since train start
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        available = self.peak or peak_flops(trainer.strategy.root_device, compute_dtype(str(trainer.precision)))
+        dtype = compute_dtype(str(trainer.precision))
+        available = self.peak or peak_flops(trainer.strategy.root_device, dtype)
         self.throughput = Throughput(
             available_flops=available, world_size=trainer.world_size, window_size=self.window_size
         )
@@ -112,7 +114,9 @@ class PeakThroughputMonitor(Callback):
         self._t0 = time.perf_counter()
 
     @rank_zero_only
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.strategy.root_device.type == "cuda":
             mark: Any = torch.cuda.Event(enable_timing=True)
             mark.record()
@@ -123,7 +127,8 @@ class PeakThroughputMonitor(Callback):
         totals[1] += self.batch_size_fn(batch)
         totals[2] += self.length_fn(batch)
         self._pending.append((mark, *totals, float(pl_module.flops_per_batch)))
-        if (batch_idx + 1) % trainer.accumulate_grad_batches == 0 and lightning_compat.should_update_logs(trainer):
+        step_ends = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        if step_ends and lightning_compat.should_update_logs(trainer):
             self._flush()
             assert self.throughput is not None
             metrics = {f"train/{k}": v for k, v in self.throughput.compute().items()}
@@ -139,7 +144,8 @@ class PeakThroughputMonitor(Callback):
         now = time.perf_counter() - self._t0
         assert self.throughput is not None
         for mark, batches, samples, tokens, flops in self._pending:
-            at = now - mark.elapsed_time(last) / 1e3 if isinstance(mark, torch.cuda.Event) else mark - self._t0
+            cuda = isinstance(mark, torch.cuda.Event)
+            at = now - mark.elapsed_time(last) / 1e3 if cuda else mark - self._t0
             self.throughput.update(time=at, batches=batches, samples=samples, lengths=tokens, flops=flops)
         self._pending.clear()
 

@@ -10,11 +10,10 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
-from torch import nn
 
 from pretrain.config import RunConfig
 from pretrain.training import lightning_compat
-from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
 from pretrain.training.host_sync import SyncCheck
 from pretrain.training.preemption import LastCheckpoint
@@ -97,14 +96,13 @@ def build_trainer(
     run: RunConfig,
     resolved: dict[str, Any],
     *,
-    block_classes: Iterable[type[nn.Module]] = (),
     wandb_id: str | None = None,
     callbacks: Iterable[Callback] = (),
     loggers: list[Logger] | None = None,
 ) -> L.Trainer:
     """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
     t = run.trainer
-    strategy = build_strategy(run, block_classes)
+    strategy = build_strategy(run)
     k = t.accumulate_grad_batches
     trainer = L.Trainer(
         accelerator=t.accelerator,
