@@ -60,12 +60,12 @@ def _cpu_copy(obj: Any) -> Any:
     return obj
 
 
-def _nonfinite(parameters: list[Tensor], device: torch.device) -> Tensor:
-    """1.0 where any local gradient (this rank's shard under FSDP) is NaN/Inf, else 0.0; (,) on the device."""
-    grads = [g.to_local() if hasattr(g, "to_local") else g for p in parameters if (g := p.grad) is not None]
-    if not grads:  # DeepSpeed keeps its gradients inside the engine; the loss is still checked
+def _nonfinite(norm: Tensor | None, device: torch.device) -> Tensor:
+    """1.0 where the gradient norm of this rank (its shard's under FSDP) is NaN/Inf, else 0.0; (,) on the device."""
+    if norm is None:  # DeepSpeed keeps its gradients inside the engine; the loss is still checked
         return torch.zeros((), device=device)
-    return (~torch.nn.utils.get_total_norm(grads).isfinite()).float()
+    local = norm.to_local() if hasattr(norm, "to_local") else norm
+    return (~local.isfinite()).float()
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
@@ -141,7 +141,7 @@ class StepGuard(Callback):
         """The verdict on the device: all-reduce (sum_m S_m, non-finite flag), skip the update where due."""
         step = pl_module.step_loss
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        flags = torch.stack([step.loss_sum, _nonfinite(params, step.loss_sum.device)])
+        flags = torch.stack([step.loss_sum, _nonfinite(step.grad_norm(params), step.loss_sum.device)])
         if trainer.world_size > 1:
             flags = trainer.strategy.reduce(flags, reduce_op="sum")
         loss = flags[0] / step.num_targets.clamp_min(1)
