@@ -11,7 +11,8 @@ shared machine) and wall time, interleaved A/B over ``--rounds``, medians report
 - per step: ``Trainer.fit`` with everything ``pretrain fit`` runs (non-finite guard, hang watchdog, throughput
   monitor, checkpoint callbacks, CSV logging every 10 steps, progress bar) vs the plain loop (forward, loss,
   backward, clip, fused AdamW, schedule) over the same model and batches, in one process. Target: <= 5 %.
-  ``--profile`` adds Lightning's ``SimpleProfiler``: mean milliseconds per step of every hook that costs any.
+  ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,
+  logging, clipping); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per step of the costliest hooks.
 
     python benchmarks/bench_step_overhead.py [--rounds 3] [--steps 60] [--nanogpt /path/to/nanoGPT]
 """
@@ -32,6 +33,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 RECIPE = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
 WARMUP = 5  # steps excluded from the per-step timing
+ABLATIONS = {  # pretrain fit with everything, and without one part (overrides)
+    "everything": (),
+    "no progress bar": ("trainer.progress_bar=false",),
+    "no hang watchdog": ("guards.hang.enabled=false",),
+    "no non-finite guard": ("guards.nonfinite.enabled=false",),
+    "no CSV logging": ("logger.csv=false", "trainer.log_every_n_steps=100000"),
+    "no gradient clipping": ("trainer.gradient_clip_val=null",),
+}
 NANOGPT_CPU = [  # nanoGPT's README, "I only have a macbook" (CPU), evaluated once and stepped once
     "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
     "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=0",
@@ -154,8 +163,8 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
         def on_train_batch_end(self, trainer, *_) -> None:
             self.times.append(now())
 
-    def lightning(tag: str, profile: bool):
-        run, resolved = config.load(RECIPE, overrides(work, tag, args.steps, progress_bar=True))
+    def lightning(tag: str, profile: bool, without: tuple[str, ...] = ()):
+        run, resolved = config.load(RECIPE, [*overrides(work, tag, args.steps), *without])
         parts = prepare_run(run, resolved)
         clock = StepClock()
         trainer = build_trainer(run, resolved, callbacks=[clock], loggers=build_loggers(run, resolved, None))
@@ -203,6 +212,21 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
         p, f = (statistics.median(x[i] for x in results[k]) for k in ("plain", "fit"))
         print(f"  {clock:>10}: plain loop {1e3 * p:.2f} ms/step, pretrain fit {1e3 * f:.2f} ms/step: "
               f"{f / p:.3f}x (overhead {100 * (f / p - 1):+.1f} %; target <= 5 %)")  # fmt: skip
+    if args.ablate:
+        print(
+            f"\nwhat costs what: pretrain fit without one part at a time, CPU ms per step ({args.rounds} rounds)"
+        )
+        cost: dict[str, list[float]] = {name: [] for name in ABLATIONS}
+        for r in range(args.rounds):
+            for name, without in ABLATIONS.items():
+                cost[name].append(1e3 * lightning(f"{name}{r}".replace(" ", "_"), False, without)[0][1])
+        full = statistics.median(cost["everything"])
+        plain_ms = 1e3 * statistics.median(x[1] for x in results["plain"])
+        print(f"  {'plain loop':>28}: {plain_ms:6.2f}")
+        for name, values in cost.items():
+            ms = statistics.median(values)
+            note = "" if name == "everything" else f"  (the part costs {full - ms:+.2f})"
+            print(f"  {name:>28}: {ms:6.2f}{note}")
     if args.profile:
         _, profiler = lightning("profiled", profile=True)
         steps = args.steps
@@ -222,6 +246,7 @@ def main() -> None:
     parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout with data/shakespeare_char prepared")
     parser.add_argument("--only", choices=["startup", "step"], help="one of the two measurements")
     parser.add_argument("--profile", action="store_true", help="per-hook costs of pretrain fit's step")
+    parser.add_argument("--ablate", action="store_true", help="pretrain fit without one part at a time")
     parser.add_argument("--plain-startup", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_startup:
