@@ -174,7 +174,6 @@ class PretrainModule(L.LightningModule):
             k: torch.tensor(v) for k, v in metrics.items()
         }  # on the host: Lightning's reads never wait
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
-        self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)
 
     def configure_gradient_clipping(
         self,
