@@ -1,7 +1,8 @@
 """``FinetuneDataModule``: labelled sentences or sentence pairs (GLUE layout) -> dynamically padded batches.
 
 Files are TSV (GLUE's layout: tab-separated, a header row, no quoting; headerless files such as CoLA name
-their columns "0", "1", ... by position) or JSON Lines (one object per line). A task names its text column(s)
+their columns "0", "1", ... by position), CSV (``.csv``: comma-separated, RFC 4180 quoting) or JSON Lines (one
+object per line). A task names its text column(s)
 and its label column (``GLUE_TASKS`` holds the GLUE defaults; any of them can be overridden).
 
 Encoding follows BERT: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with ``token_type_ids`` 0 for the first
@@ -67,7 +68,7 @@ def task_format(task: str) -> TaskFormat:
 
 
 def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
-    """``(column names, rows)`` of a TSV or JSONL file; ValueError names the file and line of a bad row."""
+    """``(column names, rows)`` of a TSV, CSV or JSONL file; ValueError names the file and line of a bad row."""
     rows: list[dict] = []
     if path.suffix in (".jsonl", ".json"):
         with open(path, encoding="utf-8") as f:
@@ -79,8 +80,9 @@ def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
                         raise ValueError(f"{path} line {line_no}: not valid JSON ({err})") from err
         columns = list(dict.fromkeys(key for row in rows for key in row))
         return columns, rows
+    comma = path.suffix == ".csv"  # RFC 4180 quoting; GLUE's .tsv files quote nothing
     with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig: MRPC starts with a BOM
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        reader = csv.reader(f) if comma else csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         lines = [line for line in reader if line]
     if not lines:
         return [], []
@@ -88,7 +90,8 @@ def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
     for line_no, line in enumerate(lines[1:] if header else lines, 2 if header else 1):
         if len(line) != len(columns):
             raise ValueError(
-                f"{path} line {line_no}: {len(line)} tab-separated fields, expected {len(columns)}"
+                f"{path} line {line_no}: {len(line)} {'comma' if comma else 'tab'}-separated fields, expected "
+                f"{len(columns)}"
             )
         rows.append(dict(zip(columns, line, strict=True)))
     return columns, rows
@@ -336,6 +339,12 @@ class FinetuneDataModule(ShardedExamplesDataModule):
         pair = len(self.format.text_columns) == 2
         self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: we set its template and truncation
         self.tokenizer.post_processor = _template(self.tokenizer, pair, template, special_tokens)
+        added = self.tokenizer.post_processor.num_special_tokens_to_add(pair)
+        if max_length <= added:
+            raise ValueError(
+                f"max_length={max_length} leaves no room for text: the template adds {added} special tokens "
+                f"per example; raise max_length above {added}"
+            )
         self.tokenizer.enable_truncation(max_length)  # longest-first
         self.tokenizer.no_padding()
         self.pad_id = special_token_id(self.tokenizer, "pad", special_tokens)
@@ -357,6 +366,8 @@ class FinetuneDataModule(ShardedExamplesDataModule):
         """Texts (str, or (str, str) pairs) and raw labels of one split, columns checked."""
         path, fmt = self.files[split], self.format
         columns, rows = read_table(path, fmt.header)
+        if not columns:
+            raise ValueError(f"{path} is empty; give a file with a header row and one example per line")
         missing = [c for c in (*fmt.text_columns, fmt.label_column) if c not in columns]
         if missing:
             raise ValueError(
@@ -378,6 +389,11 @@ class FinetuneDataModule(ShardedExamplesDataModule):
         labels = [str(x) for x in labels]
         if self.label_names is None:
             self.label_names = _label_order(set(labels))
+            if len(self.label_names) < 2:
+                raise ValueError(
+                    f"{path}: every example has label {self.label_names[0]!r}; a classifier needs two or more "
+                    f"classes (check the file and label_column, or set regression=true for a numeric target)"
+                )
         index = {name: i for i, name in enumerate(self.label_names)}
         unseen = sorted(set(labels) - index.keys())
         if unseen:

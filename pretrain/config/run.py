@@ -7,12 +7,13 @@ Recipes compose and validate through ``pretrain.config.compose``; the model sect
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from datamodules.corpus import document_mode
-from pretrain.config.compose import compose, structured
+from pretrain.config.compose import check_run_name, check_type, compose, structured
 from pretrain.models.config import ModelConfig
 
 ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
@@ -100,9 +101,11 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     compile: bool = False
     activation_checkpointing: bool = False
-    progress_bar: bool = True
+    progress_bar: bool = True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    progress_seconds: float = 30.0
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
+    sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
 
 
 @dataclass
@@ -220,6 +223,7 @@ class RunConfig:
     seed: int = 1337
     run_dir: str | None = None  # default: runs/<name>
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
+    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)  # resume although these changed
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -256,6 +260,7 @@ class TrainingRun(Protocol):
 def validate(raw: dict[str, Any]) -> RunConfig:
     """Typed ``RunConfig`` from a resolved dict, with cross-field checks."""
     run = structured(RunConfig, raw)
+    check_run_name(run.name)
     if run.run_dir is None:
         run.run_dir = f"runs/{run.name}"
     t = run.trainer
@@ -273,6 +278,8 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     ):
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
+    if not t.progress_seconds > 0:
+        raise ValueError(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
         raise ValueError("data.micro_batch_size and data.seq_len must be >= 1")
     if run.data.seq_len > run.model.max_seq_len:
@@ -308,6 +315,12 @@ def _check_objective(o: ObjectiveConfig) -> None:
             f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
             f"if they come from another objective's piece, drop them with ~objective.options"
         )
+    hints = typing.get_type_hints(objectives.OBJECTIVES[o.name].__init__)
+    for name, value in o.options.items():
+        try:
+            o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")
+        except TypeError:  # a type the schema checker does not model (e.g. a Mapping): the objective checks it
+            continue
 
 
 def _check_optim(o: OptimConfig) -> None:

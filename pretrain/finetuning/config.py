@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pretrain.config import CONFIG_DIR, OptimConfig, compose, structured
+from pretrain.config.compose import check_run_name
 from pretrain.config.run import (
     PRECISIONS,
     CheckpointConfig,
@@ -137,6 +138,7 @@ class FinetuneConfig:
 def validate(raw: dict[str, Any]) -> FinetuneConfig:
     """Typed config with cross-field checks (unknown keys and wrong types name their path)."""
     cfg = structured(FinetuneConfig, _with_finetune_defaults(raw))
+    check_run_name(cfg.name)
     cfg.run_dir = cfg.run_dir or f"runs/{cfg.name}"
     if cfg.init.checkpoint is None and (cfg.init.model is None or cfg.init.tokenizer is None):
         raise ValueError(

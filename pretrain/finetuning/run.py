@@ -24,6 +24,7 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, verbose=False)  # before a randomly initialised backbone is built
     backbone, tokenizer, roles = load_backbone(cfg.init)
     roles = roles | dict(cfg.data.special_tokens)
+    check_lengths(cfg, backbone.config)
     datamodule = build_datamodule(cfg, tokenizer, backbone.config.arch, roles)
     datamodule.setup("fit")
     freeze(backbone, cfg.freeze.embeddings, cfg.freeze.layers)
@@ -59,13 +60,27 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
     }
 
 
+def check_lengths(cfg: FinetuneConfig, model: Any) -> None:
+    """Encoded examples fit the backbone's position table (learned / sinusoidal positions stop at max_seq_len)."""
+    if model.position not in ("learned", "sinusoidal"):
+        return
+    lengths = [("data.max_length", cfg.data.max_length)]
+    if cfg.head.kind == "text2text":
+        lengths.append(("data.max_target_length", cfg.data.max_target_length + 1))  # + the decoder start
+    for name, value in lengths:
+        if value > model.max_seq_len:
+            raise ValueError(
+                f"{name}={value} exceeds the backbone's {model.max_seq_len} positions (model.max_seq_len of "
+                f"{cfg.init.checkpoint or 'init.model'}); set {name}={model.max_seq_len} or lower"
+            )
+
+
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
     """Train under ``cfg.strategy`` with `pretrain fit`'s Trainer (``build_trainer``: DDP, FSDP2, DeepSpeed ZeRO;
     ``last.ckpt`` every ``checkpoint.every_n_steps``, resumed by ``resume``), evaluate the whole validation
     file, write ``results.json`` (and ``finetuned.pt``); return the results."""
     from pretrain.finetuning.lora import parameter_counts
-    from pretrain.models.transformer import Block
-    from pretrain.training.cli import resume_mismatch, strategy_reads
+    from pretrain.training.checkpoint.resume import check_resumable
     from pretrain.training.setup import resume_path
     from pretrain.training.trainer import build_trainer
 
@@ -75,9 +90,9 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         cfg, module.model, parts["tokenizer"], parts["roles"], parts["label_names"]
     )
     ckpt = resume_path(cfg)
-    if ckpt is not None and not strategy_reads(cfg.strategy.name, ckpt):
-        raise ValueError(resume_mismatch(cfg.strategy.name, ckpt))
-    trainer = build_trainer(cfg, dataclasses.asdict(cfg), block_classes={Block})
+    if ckpt is not None:
+        check_resumable(cfg.strategy.name, ckpt)
+    trainer = build_trainer(cfg, dataclasses.asdict(cfg))
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     train_seconds = time.perf_counter() - start

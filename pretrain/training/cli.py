@@ -20,7 +20,9 @@ from pretrain.training.setup import prepare_run
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from pretrain.models.transformer import Block
+    from pretrain.errors import RankDied, peer_gone
+    from pretrain.training.checkpoint.resume import check_resumable
+    from pretrain.training.lightning_compat import dead_ranks
     from pretrain.training.preemption import Interrupted
     from pretrain.training.trainer import build_trainer
 
@@ -31,10 +33,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(resolved), end="")
         return 0
     parts = prepare_run(run, resolved)
-    if parts["ckpt"] is not None and not strategy_reads(run.strategy.name, parts["ckpt"]):
-        raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
+    if parts["ckpt"] is not None:
+        check_resumable(run.strategy.name, parts["ckpt"])
+        if _finished(run, parts["ckpt"]):
+            return 0
     module = parts["module"]
-    trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
+    trainer = build_trainer(run, resolved, wandb_id=module.wandb_id)
     try:
         with warnings.catch_warnings():
             # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
@@ -47,14 +51,33 @@ def cmd_fit(args: argparse.Namespace) -> int:
             command = " ".join(["pretrain fit", *map(shlex.quote, again)])
             print(f"\n== pretrain fit: {stop} ==\n  continue with: {command}")
         return stop.exit_status
+    except Exception as err:
+        if not peer_gone(err):  # a collective failed: name the rank that died
+            raise
+        raise RankDied(dead_ranks(trainer), trainer.global_rank, err) from err
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
-        if run.logger.csv:
+        if run.logger.csv and any((Path(run.run_dir) / "logs").glob("version_*/metrics.csv")):
             from pretrain.training.plots import plot_runs
 
             print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
     return 0
+
+
+def _finished(run: RunConfig, ckpt: Path) -> bool:
+    """A run already at ``trainer.max_steps``: say so (and how to train more) instead of training 0 steps."""
+    from pretrain.training.checkpoint.resume import checkpoint_step
+
+    step = checkpoint_step(ckpt)
+    if step < run.trainer.max_steps:
+        return False
+    print(
+        f"\n== pretrain fit: nothing to train ==\n  steps: {step} (run {run.name!r} already reached "
+        f"trainer.max_steps={run.trainer.max_steps}; checkpoint: {ckpt})\n  to train it further raise "
+        f"trainer.max_steps; for a new run set name=NEW (or resume=null to overwrite this one)"
+    )
+    return True
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -92,12 +115,16 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
                 lines.append(f"  upload with: wandb sync {run_dir}")
             wandb.finish()
         elif isinstance(logger, CSVLogger):
-            lines.append(f"metrics CSV: {Path(logger.log_dir) / 'metrics.csv'}")
+            csv_file = Path(logger.log_dir) / "metrics.csv"
+            if csv_file.is_file():
+                lines.append(f"metrics CSV: {csv_file}")
+            else:
+                lines.append(f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})")
     print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pretrain.models.transformer import Block
+    from pretrain.training.checkpoint.resume import strategy_reads
     from pretrain.training.trainer import build_trainer
 
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
@@ -105,12 +132,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
-    trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
+    trainer = build_trainer(run, resolved, loggers=[])
     ckpt = parts["ckpt"]
     # a directory of another strategy, or any checkpoint under DeepSpeed (whose engine cannot load ZeRO-3 weights
     # without an optimizer): the consolidated weights are loaded before the strategy sets the model up
     if run.strategy.name == "deepspeed" or not strategy_reads(run.strategy.name, ckpt):
-        from pretrain.training.checkpoint import load_model
+        from pretrain.training.checkpoint.convert import load_model
 
         parts["module"].model.load_state_dict(load_model(ckpt)[0].state_dict())
         ckpt = None
@@ -124,34 +151,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def strategy_reads(strategy: str, ckpt: Path) -> bool:
-    """Whether the Trainer under ``strategy`` restores checkpoint ``ckpt`` itself (FSDP reads its shards and single
-    files, DeepSpeed only its own directories, DDP and single-device only files)."""
-    from pretrain.training.checkpoint import kind
-
-    found = kind(ckpt)
-    if strategy == "deepspeed":
-        return found == "deepspeed"
-    return found == "file" or (found == "fsdp" and strategy == "fsdp")
-
-
-def resume_mismatch(strategy: str, ckpt: Path) -> str:
-    from pretrain.training.checkpoint import kind
-
-    found = kind(ckpt)
-    if found == "deepspeed":
-        return f"resume={ckpt} is a DeepSpeed checkpoint directory; resume it with strategy.name=deepspeed"
-    if found == "fsdp":
-        return (
-            f"resume={ckpt} is an FSDP checkpoint directory; resume it with strategy.name=fsdp, or under "
-            f"{strategy} from a single file made by pretrain.training.checkpoint.consolidate"
-        )
-    return f"resume={ckpt} is a single file, which strategy deepspeed cannot restore; use strategy.name=fsdp or ddp"
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from pretrain.models.generation import generate
-    from pretrain.training.checkpoint import load_model
+    from pretrain.training.checkpoint.convert import load_model
 
     for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
@@ -185,6 +187,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         generator=generator,
         encoder_input_ids=ids if enc_dec else None,
     )
+    if enc_dec:
+        print(span_filling_note(tokenizer, ids[0].tolist()))
     for i, row in enumerate(out.tolist()):
         text = tokenizer.decode(row if enc_dec else row[ids.shape[1] :], skip_special_tokens=not enc_dec)
         print(f"--- sample {i} ---\n{'' if enc_dec else args.prompt}{text}")
@@ -192,6 +196,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 DEFAULT_NEW_TOKENS = 100
+
+
+def span_filling_note(tokenizer: Any, prompt_ids: list[int]) -> str:
+    """What an encoder-decoder (span corruption) model's output is, and a warning for a prompt with no sentinel."""
+    note = (
+        "(a span-corruption model returns the spans its input's sentinels stand for, each after its sentinel: "
+        "<extra_id_0> span <extra_id_1> span ...)"
+    )
+    if not any((tokenizer.id_to_token(i) or "").startswith("<extra_id_") for i in prompt_ids):
+        note += (
+            "\n(the prompt has no sentinel, so there is nothing to fill: mark missing text with <extra_id_0>, "
+            "e.g. --prompt \"To be, or <extra_id_0> to be\")"
+        )
+    return note
 
 
 def _max_new_tokens(cfg: Any, prompt_len: int, requested: int | None) -> int:
@@ -232,7 +250,7 @@ def _check_export_target(out_dir: Path, force: bool) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from pretrain.models.hf import save_hf
-    from pretrain.training.checkpoint import load_model
+    from pretrain.training.checkpoint.convert import load_model
 
     if not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")

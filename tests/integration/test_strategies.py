@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
 from training_utils import REPO_ROOT, metric_by_step, read_metrics, run_ranks, tiny_recipe
 
 from pretrain import config
-from pretrain.models.transformer import Block
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Block, Transformer
 from pretrain.training.checkpoint import AtomicCheckpointIO
 from pretrain.training.lightning_compat import PerModuleSharding
-from pretrain.training.strategies import build_strategy, deepspeed_config
+from pretrain.training.strategies import build_strategy, deepspeed_config, shard_model, shard_units
 
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
@@ -50,18 +52,28 @@ def test_fsdp_strategy(sharding, hybrid, state_dict_type):
         f"strategy.fsdp.sharding_strategy={sharding}",
         f"strategy.fsdp.state_dict_type={state_dict_type}",
     )
-    strategy = build_strategy(run, {Block})
+    strategy = build_strategy(run)
     assert isinstance(strategy, PerModuleSharding) and strategy.hybrid is hybrid
-    assert strategy.parallelize.keywords["block_classes"] == (Block,)
+    assert strategy.parallelize.func is shard_model
     assert strategy.parallelize.keywords["reshard_after_forward"] is (sharding != "SHARD_GRAD_OP")
     assert strategy._save_distributed_checkpoint is (state_dict_type == "sharded")
     assert isinstance(strategy.checkpoint_io, AtomicCheckpointIO)
 
 
+def test_fsdp_shards_the_blocks_the_model_declares():
+    """The model names its FSDP units (every block of encoder and decoder), found inside any wrapper module."""
+    cfg = ModelConfig(
+        arch="encoder-decoder", vocab_size=64, d_model=16, n_layer=2, n_decoder_layer=3, n_head=2
+    )
+    wrapper = nn.ModuleDict({"model": Transformer(cfg)})
+    blocks = [m for m in wrapper.modules() if isinstance(m, Block)]
+    assert len(blocks) == 5 and list(map(id, shard_units(wrapper))) == list(map(id, blocks))
+
+
 def test_fsdp_no_shard_points_to_ddp():
     run, _ = load("strategy.name=fsdp", "strategy.fsdp.sharding_strategy=NO_SHARD")
     with pytest.raises(ValueError, match="use strategy.name=ddp"):
-        build_strategy(run, {Block})
+        build_strategy(run)
 
 
 def test_fsdp_recipe_piece():

@@ -13,20 +13,14 @@ import torch.distributed.checkpoint as dcp
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.checkpoint import (
-    METADATA,
-    PAYLOAD,
-    AtomicCheckpointIO,
-    check_compatible,
+from pretrain.training.checkpoint.convert import (
     consolidate,
-    find_resume,
-    is_valid,
     load_model,
     optimizer_state_by_name,
     optimizer_state_by_position,
-    read,
-    replace_path,
 )
+from pretrain.training.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read, replace_path
+from pretrain.training.checkpoint.resume import check_compatible, find_resume, is_valid
 
 CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
 
