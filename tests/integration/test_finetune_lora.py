@@ -93,7 +93,8 @@ def test_lora_merged_export_gives_the_unmerged_logits(xor_files, tmp_path):
 
     from pretrain.finetuning.checkpoint import _build, load_finetuned
     from pretrain.models.hf import save_hf
-    from pretrain.training.checkpoint import PAYLOAD, model_state, read
+    from pretrain.training.checkpoint import PAYLOAD, read
+    from pretrain.training.checkpoint.convert import model_state
 
     raw = _raw(
         xor_files,
