@@ -4,8 +4,8 @@ text-to-text (LoRA adapters, merged into ``finetuned.pt``); an FSDP run stopped 
 from its sharded checkpoint equals the uninterrupted one; ``finetuned.pt`` is consolidated from sharded
 checkpoints; a text-to-text checkpoint exports to transformers like a pretrained one.
 
-All runs share one launch of 2 ranks (``finetune_worker.py``). The validation file has an odd number of examples,
-so one rank's shard is padded: sharded strategies need the same forward passes on every rank.
+All runs share one launch of 2 ranks (``finetune_worker.py``). The validation file splits into unequal shards, so
+one rank's is padded: sharded strategies need the same forward passes on every rank.
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ STRATEGIES = {
 
 
 def _files(root: Path) -> Path:
-    """Synthetic sentiment TSVs (256 train, 63 dev: an odd count) and a byte-level BPE trained on them."""
+    """Synthetic sentiment TSVs and a byte-level BPE trained on them. 65 dev examples on 2 ranks of micro-batch 8:
+    33 + 32, so without padding rank 0 would run a 5th forward pass that rank 1 never joins (a hang when
+    sharded); padded, rank 1's 5th batch is one padding example."""
     from datamodules.tokenizer import train_bpe
 
     rng = random.Random(0)
-    for split, n in (("train", 256), ("dev", 63)):
+    for split, n in (("train", 256), ("dev", 65)):
         rows = []
         for _ in range(n):
             label = rng.randint(0, 1)
