@@ -82,7 +82,7 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
     ]
     if run.trainer.sync_check != "off":
         callbacks.append(SyncCheck(run.trainer.sync_check))
-    if run.eval_during_fit.tasks:
+    if getattr(run, "eval_during_fit", None) and run.eval_during_fit.tasks:  # a RunConfig section only
         from pretrain.training.in_loop_eval import InLoopEvaluation
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
