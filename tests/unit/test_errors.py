@@ -70,3 +70,11 @@ def test_the_progress_bar_has_no_negative_epoch_count():
     bar = StepProgressBar()
     bar._trainer = SimpleNamespace(max_epochs=-1)
     assert bar._get_train_description(1).strip() == "Epoch 1"
+
+
+def test_a_directory_given_as_a_checkpoint_names_the_file_to_pass(capsys, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert main(["generate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is a directory, not a checkpoint: pass a checkpoint file (e.g. {tmp_path}/checkpoints/last.ckpt)" in err
