@@ -58,3 +58,12 @@ def test_a_recipe_listing_itself_in_its_defaults(capsys, tmp_path):
     recipe = tmp_path / "loop.yaml"
     recipe.write_text("defaults: [model/gpt-tiny, loop]\nname: loop\n")
     assert "its defaults list the recipe itself ('loop')" in one_error_line(capsys, "fit", recipe)
+
+
+def test_a_monitor_naming_no_logged_metric_is_refused_before_training(capsys, tmp_path, tiny_world):
+    from training_utils import tiny_recipe
+
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", checkpoint={"monitor": "val/los", "save_top_k": 1})
+    line = one_error_line(capsys, "fit", recipe)
+    assert "checkpoint.monitor='val/los' is not a metric the validation logs" in line and "'val/loss'" in line
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
