@@ -126,10 +126,13 @@ def _template(tokenizer: Tokenizer, pair: bool, template: str | None, overrides:
 
 class ShardSampler(Sampler[int]):
     """Positions ``rank, rank + W, ...`` of ``size`` in order: every example evaluated once over the W ranks
-    (DistributedSampler would pad with repeats)."""
+    (DistributedSampler would pad with repeats). Every rank yields ``ceil(size / W)`` positions: the missing ones
+    are ``size + j``, padding (``PaddedExamples``) whose outputs are discarded -- so every rank runs the same
+    number of forward passes, which sharded strategies (FSDP, ZeRO-3: a collective per forward) need."""
 
     def __init__(self, size: int, rank: int, world_size: int):
-        self.indices = range(rank, size, world_size)
+        self.indices = list(range(rank, size, world_size))
+        self.indices += range(size, size + -(-size // world_size) - len(self.indices))
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -138,30 +141,124 @@ class ShardSampler(Sampler[int]):
         return iter(self.indices)
 
 
-def data_parallel_loader(
-    datamodule: L.LightningDataModule, examples: list, shuffle: bool, collate: Any
-) -> DataLoader:
-    """Batches of ``datamodule.micro_batch_size`` for this data-parallel rank (the trainer's, else rank 0 of 1).
+class Padding(tuple):
+    """``(example,)``: a stand-in for a position past the end of the data (``ShardSampler``)."""
 
-    Training (``shuffle``): a permutation seeded by ``(seed, epoch)`` (``DistributedSampler``; Lightning calls
-    ``set_epoch``), rank r reading its positions r, r + W, ...: global batch t of W ranks with micro-batch b holds
-    the examples of batch t of one rank with batch W b. Evaluation: file order, each example once
-    (``ShardSampler``). Use with ``Trainer(use_distributed_sampler=False)``."""
-    trainer = datamodule.trainer
-    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-    if shuffle:
-        sampler: Sampler[int] = DistributedSampler(
-            examples, num_replicas=world, rank=rank, shuffle=True, seed=datamodule.seed, drop_last=True
+
+class PaddedExamples:
+    """``examples`` read at any position; positions past the end give ``Padding`` of an example."""
+
+    def __init__(self, examples: list):
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> Any:
+        return (
+            self.examples[i] if i < len(self.examples) else Padding((self.examples[i % len(self.examples)],))
         )
-    else:
-        sampler = ShardSampler(len(examples), rank, world)
-    return DataLoader(
-        examples,
-        batch_size=datamodule.micro_batch_size,
-        sampler=sampler,
-        num_workers=datamodule.num_workers,
-        collate_fn=collate,
-    )
+
+
+class MarkPadding:
+    """``collate`` of the real and padding examples alike, plus ``real`` (B,) bool: False for padding."""
+
+    def __init__(self, collate: Any):
+        self.collate = collate
+
+    def __call__(self, examples: list) -> dict[str, Any]:
+        real = [not isinstance(e, Padding) for e in examples]
+        batch = self.collate([e if r else e[0] for e, r in zip(examples, real, strict=True)])
+        batch["real"] = torch.tensor(real)
+        return batch
+
+
+class TrainOrder(Sampler[int]):
+    """Rank r's training positions of ``epoch``: the permutation seeded by ``(seed, epoch)``
+    (``DistributedSampler``, drop_last), from the ``start``-th on (``set_position``: resume mid-epoch)."""
+
+    def __init__(self, size: int, rank: int, world_size: int, seed: int):
+        self.order = DistributedSampler(
+            range(size), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.start = 0
+
+    def set_position(self, epoch: int, start: int) -> None:
+        self.order.set_epoch(epoch)
+        self.start = start
+
+    def __len__(self) -> int:
+        """Positions this rank reads in a whole epoch."""
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self.order)[self.start :])
+
+
+class ReceivedBatchesLoader(DataLoader):
+    """A training ``DataLoader`` whose every ``iter()`` starts after the batches the training loop has received
+    (``position.epoch``, ``position.batches``), not where its sampler or workers had read ahead to."""
+
+    def __init__(self, *args: Any, position: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.position = position
+
+    def __iter__(self) -> Any:
+        self.sampler.set_position(self.position.epoch, self.position.batches * self.batch_size)
+        return super().__iter__()
+
+
+class ShardedExamplesDataModule(L.LightningDataModule):
+    """Examples in memory, sharded over the data-parallel ranks, with an exact mid-epoch resume.
+
+    Training: rank r reads positions r, r + W, ... of a permutation seeded by ``(seed, epoch)``: global batch t
+    of W ranks with micro-batch b holds the examples of batch t of one rank with batch W b. Evaluation: file
+    order, each example once (``ShardSampler``; batches carry ``real``). The state saved in checkpoints is
+    ``(seed, epoch, batches)``: the training batches the loop has received in the epoch, counted in
+    ``on_after_batch_transfer`` (as ``datamodules.pretrain.PretrainDataModule`` does). Subclasses set
+    ``micro_batch_size``, ``num_workers``, ``seed``. Use with ``Trainer(use_distributed_sampler=False)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch, self.batches = 0, 0
+        self.epoch_batches = 0  # training batches per rank per epoch (set with the training loader)
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def sharded_loader(self, examples: list, shuffle: bool, collate: Any) -> DataLoader:
+        rank, world = self._ranks()
+        options = {"batch_size": self.micro_batch_size, "num_workers": self.num_workers}
+        if shuffle:
+            order = TrainOrder(len(examples), rank, world, self.seed)
+            self.epoch_batches = -(-len(order) // self.micro_batch_size)
+            return ReceivedBatchesLoader(
+                examples, sampler=order, collate_fn=collate, position=self, **options
+            )
+        shards = ShardSampler(len(examples), rank, world)
+        return DataLoader(
+            PaddedExamples(examples), sampler=shards, collate_fn=MarkPadding(collate), **options
+        )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning hook, called once per batch right before ``training_step``: count training batches."""
+        if self.trainer is not None and self.trainer.training:
+            self.batches += 1
+            if self.batches >= self.epoch_batches:
+                self.epoch, self.batches = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch, "batches": self.batches}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if int(state_dict["seed"]) != self.seed:
+            raise ValueError(
+                f"the data state was saved with seed={state_dict['seed']} but this run has seed={self.seed}; "
+                f"resume with seed={state_dict['seed']} to continue the same example order"
+            )
+        self.epoch, self.batches = int(state_dict["epoch"]), int(state_dict["batches"])
 
 
 class PaddingCollate:
@@ -186,7 +283,7 @@ class PaddingCollate:
         return batch
 
 
-class FinetuneDataModule(L.LightningDataModule):
+class FinetuneDataModule(ShardedExamplesDataModule):
     """Sentence(-pair) classification / regression batches from TSV or JSONL files.
 
     Args:
@@ -321,10 +418,10 @@ class FinetuneDataModule(L.LightningDataModule):
         if split not in self.examples:
             self.setup("fit")
         collate = PaddingCollate(self.pad_id, self.format.regression)
-        return data_parallel_loader(self, self.examples[split], shuffle, collate)
+        return self.sharded_loader(self.examples[split], shuffle, collate)
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled by ``seed`` and sharded over the data-parallel ranks (see ``data_parallel_loader``)."""
+        """Shuffled by ``seed`` and sharded over the data-parallel ranks (see ``ShardedExamplesDataModule``)."""
         return self._loader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader | list:

@@ -10,7 +10,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from datamodules.corpus import document_mode
 from pretrain.config.compose import check_run_name, check_type, compose, structured
@@ -94,7 +94,10 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = 1.0
     val_check_interval: int = 200  # optimizer steps between validations
-    limit_val_batches: int = 20
+    limit_val_batches: int | None = 20  # None: the whole validation set
+    max_time_minutes: float | None = (
+        None  # wall-clock budget for training (then the run ends as at max_steps)
+    )
     log_every_n_steps: int = 10
     compile: bool = False
     activation_checkpointing: bool = False
@@ -235,6 +238,23 @@ class RunConfig:
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.run_dir) / "checkpoints"
+
+
+class TrainingRun(Protocol):
+    """What ``pretrain.training.trainer.build_trainer`` builds a Trainer from: a ``RunConfig``, or any run config
+    holding the same sections (``pretrain.finetuning.config.FinetuneConfig``)."""
+
+    name: str
+    run_dir: str | None
+    data: Any  # .micro_batch_size (DeepSpeed's config)
+    trainer: TrainerConfig
+    strategy: StrategyConfig
+    logger: LoggerConfig
+    checkpoint: CheckpointConfig
+    guards: GuardsConfig
+
+    @property
+    def checkpoint_dir(self) -> Path: ...
 
 
 def validate(raw: dict[str, Any]) -> RunConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 
-from pretrain.config import RunConfig
+from pretrain.config.run import TrainingRun
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
@@ -24,7 +25,7 @@ from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
 
 
-def wandb_mode(run: RunConfig) -> str:
+def wandb_mode(run: TrainingRun) -> str:
     """``online`` only when configured (logger.wandb.mode=online, WANDB_MODE, or an API key); else ``offline``."""
     return (
         run.logger.wandb.mode
@@ -33,7 +34,7 @@ def wandb_mode(run: RunConfig) -> str:
     )
 
 
-def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
+def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
     """W&B (offline by default; ``wandb_id`` continues a run), CSV and TensorBoard under ``run.run_dir``."""
     out = Path(run.run_dir)
     loggers: list[Logger] = []
@@ -63,7 +64,7 @@ def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None
     return loggers
 
 
-def build_callbacks(run: RunConfig) -> list[Callback]:
+def build_callbacks(run: TrainingRun) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
     validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``."""
     directory = run.checkpoint_dir
@@ -96,7 +97,7 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
 
 
 def build_trainer(
-    run: RunConfig,
+    run: TrainingRun,
     resolved: dict[str, Any],
     *,
     wandb_id: str | None = None,
@@ -117,6 +118,7 @@ def build_trainer(
         precision=t.precision,
         max_steps=t.max_steps,
         max_epochs=-1,
+        max_time=timedelta(minutes=t.max_time_minutes) if t.max_time_minutes else None,
         accumulate_grad_batches=k,
         gradient_clip_val=t.gradient_clip_val,
         val_check_interval=micro_batches(t.val_check_interval, k),
