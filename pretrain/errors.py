@@ -87,10 +87,15 @@ def describe(err: BaseException, verb: str) -> str | None:
         return str(err)
     if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err) else ""
-        fix = "free space there or point the run at another disk" if err.errno in (
-            errno.ENOSPC,
-            errno.EDQUOT,
-        ) else "choose a path you may write"
+        fix = (
+            "free space there or point the run at another disk"
+            if err.errno
+            in (
+                errno.ENOSPC,
+                errno.EDQUOT,
+            )
+            else "choose a path you may write"
+        )
         return f"{err}{where}; {fix}"
     if isinstance(err, (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)):
         return str(err)

@@ -119,7 +119,9 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
             if csv_file.is_file():
                 lines.append(f"metrics CSV: {csv_file}")
             else:
-                lines.append(f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})")
+                lines.append(
+                    f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})"
+                )
     print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
 
 
@@ -207,7 +209,7 @@ def span_filling_note(tokenizer: Any, prompt_ids: list[int]) -> str:
     if not any((tokenizer.id_to_token(i) or "").startswith("<extra_id_") for i in prompt_ids):
         note += (
             "\n(the prompt has no sentinel, so there is nothing to fill: mark missing text with <extra_id_0>, "
-            "e.g. --prompt \"To be, or <extra_id_0> to be\")"
+            'e.g. --prompt "To be, or <extra_id_0> to be")'
         )
     return note
 

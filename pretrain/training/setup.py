@@ -41,7 +41,9 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
     if run.checkpoint.save_top_k <= 0:
         return
     one = torch.tensor(1.0)
-    logged = sorted(f"val/{k}" for k in objective.summarize({"loss_sum": one, "num_targets": one, "num_correct": one}))
+    logged = sorted(
+        f"val/{k}" for k in objective.summarize({"loss_sum": one, "num_targets": one, "num_correct": one})
+    )
     if run.checkpoint.monitor not in logged:
         close = difflib.get_close_matches(run.checkpoint.monitor, logged, n=1, cutoff=0.5)
         raise ValueError(
@@ -124,7 +126,9 @@ def check_same_inputs(
                 f"cannot resume {ckpt}: {problem}; resume with the tokenizer and data it trained on, start a new run "
                 f"(name=NEW or resume=null), or pass resume_allow=[{what}] ({RESUME_CHANGES[what]})"
             )
-        warnings.warn(f"resuming {ckpt} although {problem} (resume_allow): {RESUME_CHANGES[what]}", stacklevel=2)
+        warnings.warn(
+            f"resuming {ckpt} although {problem} (resume_allow): {RESUME_CHANGES[what]}", stacklevel=2
+        )
 
 
 def new_run_id() -> str:
