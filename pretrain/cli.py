@@ -8,6 +8,7 @@ later stages ``finetune``, ``evaluate`` and ``baseline``.
     pretrain generate runs/gpt-tiny/checkpoints/last.ckpt --prompt "ROMEO:" --top-k 50
     pretrain export runs/gpt-tiny/checkpoints/last.ckpt runs/gpt-tiny/hf
     pretrain plot runs/gpt-tiny runs/bert-tiny --out curves.png   # overlay runs' loss, lr, tokens/s
+    pretrain plan recipes/gpt2-124m.yaml --gpus 8 --gpu-memory 80GiB   # memory per strategy, before a run
     pretrain finetune recipes/finetune-sst2-minilm.yaml
     pretrain evaluate runs/gpt-tiny/checkpoints/last.ckpt --tasks copa --num-fewshot 3 --data-root DIR
     pretrain baseline recipes/lstm-lm-tiny.yaml
@@ -71,6 +72,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "add_plot_arguments",
         "cmd_plot",
         "plot train/val loss, learning rate and tokens/s of one or more runs (overlaid) into a PNG",
+    ),
+    "plan": (
+        "pretrain.training.plan",
+        "add_arguments",
+        "cmd_plan",
+        "per-GPU memory of a recipe under DDP, FSDP2 and ZeRO-1/2/3 (+ offload), and the largest micro-batch",
     ),
     "finetune": (
         "pretrain.finetuning.cli",

@@ -106,6 +106,7 @@ class TrainerConfig:
     progress_seconds: float = 30.0
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
+    float8: bool = False  # float8 matmuls in the blocks' linears (torchao; CUDA compute capability >= 8.9)
     sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
 
 
@@ -219,6 +220,20 @@ class GuardsConfig:
 
 
 @dataclass
+class EvalDuringFitConfig:
+    """In-context evaluation of the training model itself every ``every_n_steps`` optimizer steps
+    (``pretrain.training.in_loop_eval``; the task options of ``pretrain evaluate``); off while ``tasks`` is empty."""
+
+    tasks: list[str] = field(default_factory=list)  # names in configs/eval/ or task YAML paths
+    every_n_steps: int = 500
+    limit: int | None = None  # first N examples (documents) per task
+    num_fewshot: int | None = None  # overrides every task's num_fewshot
+    batch_size: int = 16  # sequences per forward pass (per rank)
+    data_root: str | None = None  # fills ${data_root} in task files
+    seed: int = 1234  # few-shot sampler seed (lm-eval's default)
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 1337
@@ -236,6 +251,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    eval_during_fit: EvalDuringFitConfig = field(default_factory=EvalDuringFitConfig)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -292,6 +308,8 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
     _check_objective(run.objective)
+    if t.float8:
+        _check_float8(run)
     for i, source in enumerate(run.data.sources):
         try:
             document_mode(source.document)
@@ -299,6 +317,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             raise ValueError(f"data.sources[{i}].{err}") from None
     _check_optim(run.optim)
     _check_guards(run.guards)
+    _check_eval_during_fit(run.eval_during_fit)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
         raise ValueError(
             "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
@@ -323,6 +342,30 @@ def _check_objective(o: ObjectiveConfig) -> None:
             o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")
         except TypeError:  # a type the schema checker does not model (a Mapping): the objective checks it
             continue
+
+
+def _check_float8(run: RunConfig) -> None:
+    """float8 training needs float8 tensor cores, bf16 autocast or weights, and a strategy torchao composes with."""
+    import torch
+
+    t = run.trainer
+    on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
+    if not on_gpu:
+        raise ValueError(
+            "trainer.float8=true needs CUDA GPUs with float8 tensor cores (H100/H200/B200/L4/L40S/RTX 4090, "
+            "compute capability >= 8.9); this run is on the CPU, which has none: set trainer.float8=false"
+        )
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        raise ValueError(
+            f"trainer.float8=true needs compute capability >= 8.9, {torch.cuda.get_device_name()} has "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability()))}: set trainer.float8=false"
+        )
+    if not t.precision.startswith("bf16"):
+        raise ValueError(
+            f"trainer.float8=true computes around bf16: set trainer.precision=bf16-mixed, not {t.precision}"
+        )
+    if run.strategy.name == "deepspeed":
+        raise ValueError("trainer.float8=true composes with strategy auto, ddp or fsdp, not deepspeed")
 
 
 def _check_optim(o: OptimConfig) -> None:
@@ -364,6 +407,25 @@ def _check_guards(g: GuardsConfig) -> None:
     for name, ok, bound in checks:
         if not ok:
             raise ValueError(f"guards.{name} must be {bound}")
+
+
+def _check_eval_during_fit(e: EvalDuringFitConfig) -> None:
+    """Bounds, and every task name resolves to a task file (its data is read when the Trainer is built)."""
+    from pretrain.evaluation.config import resolve_task_file
+
+    for name, value, low in (
+        ("every_n_steps", e.every_n_steps, 1),
+        ("batch_size", e.batch_size, 1),
+        ("limit", e.limit, 1),
+        ("num_fewshot", e.num_fewshot, 0),
+    ):
+        if value is not None and value < low:
+            raise ValueError(f"eval_during_fit.{name} must be >= {low}, got {value}")
+    for name in e.tasks:
+        try:
+            resolve_task_file(name)
+        except FileNotFoundError as err:
+            raise ValueError(f"eval_during_fit.tasks: {err}") from None
 
 
 def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:

@@ -18,7 +18,7 @@ from datamodules.pretrain import PretrainDataModule
 from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training import lightning_compat
+from pretrain.training import compile_compat, lightning_compat
 from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
@@ -56,6 +56,14 @@ class PretrainData(PretrainDataModule):
             batch[TARGET_POSITIONS] = (batch["labels"].flatten() != IGNORE_INDEX).nonzero().squeeze(1)
         return batch
 
+    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        """``target_positions`` (N,) has a symbolic length for ``torch.compile``: N varies every batch (MLM, prefix
+        LM, UL2), and one dynamic graph serves them all instead of a recompile (padding N to buckets was slower
+        on the CPU: ``benchmarks/bench_compile_targets.py``)."""
+        if TARGET_POSITIONS in batch:
+            compile_compat.mark_dynamic(batch[TARGET_POSITIONS], 0)
+        return super().on_after_batch_transfer(batch, dataloader_idx)  # counts the batch (exact resume)
+
 
 class PretrainModule(L.LightningModule):
     """Backbone (``pretrain.models.transformer.Transformer``) trained with ``objective``; logs loss, accuracy, perplexity
@@ -79,6 +87,10 @@ class PretrainModule(L.LightningModule):
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
         self.model.gradient_checkpointing = run.trainer.activation_checkpointing
+        if run.trainer.float8:
+            from pretrain.training.float8 import convert_to_float8
+
+            convert_to_float8(self.model, fsdp=run.strategy.name == "fsdp")
         if run.trainer.compile:
             self.model.compile()  # compiles __call__ in place: parameter names and state_dict unchanged
         self.tokens_seen = 0

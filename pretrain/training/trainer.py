@@ -66,7 +66,8 @@ def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | No
 
 def build_callbacks(run: TrainingRun) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
-    validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``."""
+    validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``;
+    evaluation during fit (``run.eval_during_fit``)."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -75,11 +76,16 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
             length_fn=lambda batch: batch["input_ids"].numel(),
             window_size=max(2, micro_batches(run.trainer.throughput_window, k)),
             peak=run.trainer.peak_flops,
+            float8=run.trainer.float8,
         ),
         *build_guards(run),
     ]
     if run.trainer.sync_check != "off":
         callbacks.append(SyncCheck(run.trainer.sync_check))
+    if run.eval_during_fit.tasks:
+        from pretrain.training.in_loop_eval import InLoopEvaluation
+
+        callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
     if run.checkpoint.save_top_k > 0:
         callbacks.append(
             ModelCheckpoint(
