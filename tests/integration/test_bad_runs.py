@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from training_utils import read_metrics, tiny_recipe
 
 from pretrain.cli import main
