@@ -84,9 +84,7 @@ class PretrainModule(L.LightningModule):
         objective.check_architecture(run.model.arch)
         self.run, self.objective, self.resolved = run, objective, resolved
         self.tokenizer_json, self.wandb_id = tokenizer_json, wandb_id
-        self.data_keys = (
-            data_keys  # each source's prepared-corpus key: a resume checks it trains on the same data
-        )
+        self.data_keys = data_keys  # each source's corpus key: a resume checks it trains on the same data
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
         self.model.gradient_checkpointing = run.trainer.activation_checkpointing
