@@ -103,7 +103,9 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; only ``command``'s module is imported (and its arguments added)."""
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--debug", action="store_true", help="on an error, the full traceback (or PRETRAIN_DEBUG=1)")
+    parser.add_argument(
+        "--debug", action="store_true", help="on an error, the full traceback (or PRETRAIN_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, add_arguments, handler, text) in COMMANDS.items():
         stage_parser = sub.add_parser(name, help=text, description=text)
@@ -123,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if hasattr(args, "overrides") and os.environ.get("PRETRAIN_OVERRIDES"):  # e.g. a short smoke run of a recipe
+    if hasattr(args, "overrides") and os.environ.get(
+        "PRETRAIN_OVERRIDES"
+    ):  # e.g. a short smoke run of a recipe
         args.overrides = [*args.overrides, *shlex.split(os.environ["PRETRAIN_OVERRIDES"])]
     return run_verb(args.command, args.handler, args, debug)
 

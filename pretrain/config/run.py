@@ -123,9 +123,8 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     compile: bool = False
     activation_checkpointing: bool = False
-    progress_bar: bool = (
-        True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
-    )
+    # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    progress_bar: bool = True
     progress_seconds: float = 30.0
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
@@ -262,9 +261,8 @@ class RunConfig:
     seed: int = 1337
     run_dir: str | None = None  # default: runs/<name>
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
-    resume_allow: list[Literal["data", "tokenizer"]] = field(
-        default_factory=list
-    )  # resume although these changed
+    # resume although these differ from the checkpoint's (the warning says what happens)
+    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -445,9 +443,7 @@ def _check_objective(o: ObjectiveConfig) -> None:
     for name, value in o.options.items():
         try:
             o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")
-        except (
-            TypeError
-        ):  # a type the schema checker does not model (e.g. a Mapping): the objective checks it
+        except TypeError:  # a type the schema checker does not model (a Mapping): the objective checks it
             continue
 
 

@@ -1,6 +1,7 @@
 """The recipe and checkpoint verbs: ``tokenizer``, ``prepare``, ``fit``, ``validate``, ``generate``, ``export``.
 
 Each verb is ``add_<verb>_arguments(parser)`` plus ``cmd_<verb>(args) -> exit status``; ``pretrain.cli`` dispatches.
+The config is loaded and validated before torch or Lightning is imported, so bad input is reported at once.
 """
 
 from __future__ import annotations
@@ -12,26 +13,24 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pretrain import config
 from pretrain.config import RunConfig
-from pretrain.training.setup import prepare_run
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from pretrain.errors import RankDied, peer_gone
-    from pretrain.training.checkpoint.resume import check_resumable
-    from pretrain.training.lightning_compat import dead_ranks
-    from pretrain.training.preemption import Interrupted
-    from pretrain.training.trainer import build_trainer
-
     run, resolved = config.load(args.recipe, args.overrides)
     if args.print_config:
         from omegaconf import OmegaConf
 
         print(OmegaConf.to_yaml(resolved), end="")
         return 0
+    from pretrain.errors import RankDied, peer_gone
+    from pretrain.training.checkpoint.resume import check_resumable
+    from pretrain.training.lightning_compat import dead_ranks
+    from pretrain.training.preemption import Interrupted
+    from pretrain.training.setup import prepare_run
+    from pretrain.training.trainer import build_trainer
+
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is not None:
         check_resumable(run.strategy.name, parts["ckpt"])
@@ -119,16 +118,19 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
             if csv_file.is_file():
                 lines.append(f"metrics CSV: {csv_file}")
             else:
-                lines.append(f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})")
+                lines.append(
+                    f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})"
+                )
     print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pretrain.training.checkpoint.resume import strategy_reads
-    from pretrain.training.trainer import build_trainer
-
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
     run, resolved = config.load(args.recipe, overrides)
+    from pretrain.training.checkpoint.resume import strategy_reads
+    from pretrain.training.setup import prepare_run
+    from pretrain.training.trainer import build_trainer
+
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
@@ -152,6 +154,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
     from pretrain.models.generation import generate
     from pretrain.training.checkpoint.convert import load_model
 
@@ -207,7 +211,7 @@ def span_filling_note(tokenizer: Any, prompt_ids: list[int]) -> str:
     if not any((tokenizer.id_to_token(i) or "").startswith("<extra_id_") for i in prompt_ids):
         note += (
             "\n(the prompt has no sentinel, so there is nothing to fill: mark missing text with <extra_id_0>, "
-            "e.g. --prompt \"To be, or <extra_id_0> to be\")"
+            'e.g. --prompt "To be, or <extra_id_0> to be")'
         )
     return note
 

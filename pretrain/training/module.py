@@ -23,6 +23,7 @@ from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
+
 TARGET_POSITIONS = (
     "target_positions"  # (N,) flat indices of the labelled positions (sparse-target objectives)
 )
@@ -82,7 +83,7 @@ class PretrainModule(L.LightningModule):
         super().__init__()  # objective and architecture are checked together by setup.build_objective
         self.run, self.objective, self.resolved = run, objective, resolved
         self.tokenizer_json, self.wandb_id = tokenizer_json, wandb_id
-        self.data_keys = data_keys  # each source's prepared-corpus key: a resume checks it trains on the same data
+        self.data_keys = data_keys  # each source's corpus key: a resume checks it trains on the same data
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
         self.model.gradient_checkpointing = run.trainer.activation_checkpointing
@@ -136,7 +137,8 @@ class PretrainModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
         twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
-        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, self.trainer.world_size, self._reduce, twice)
+        k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
+        self.step_loss = StepLoss(k, world, self._reduce, twice)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """Micro-batch ``batch_idx`` of the running optimizer step; see ``pretrain.training.step``."""
@@ -167,23 +169,40 @@ class PretrainModule(L.LightningModule):
         step = self.step_loss
         assert step is not None and step.loss_sum is not None and self._num_correct is not None
         totals = [*self._reduce(torch.stack([step.loss_sum, self._num_correct.float()])), step.num_targets]
-        grads = [p.grad for p in self.parameters() if p.grad is not None]  # none under DeepSpeed (its engine's)
-        if grads:
-            norm = torch.nn.utils.get_total_norm(grads)
-            totals.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor: made global
+        norm = step.grad_norm(_optimized(optimizer))  # None under DeepSpeed (its engine's gradients)
+        if norm is not None:
+            totals.append(
+                norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            )  # DTensor: made global
         host = torch.stack([t.float() for t in totals]).cpu()  # the step's one device-to-host transfer
         summary = dict(zip(("loss_sum", "num_correct", "num_targets"), host))
         metrics = {f"train/{k}": v for k, v in self.objective.summarize(summary).items()}
-        if grads:
+        if norm is not None:
             metrics["train/grad_norm"] = float(host[3])
         metrics["train/tokens_seen"] = float(self.tokens_seen)
         data = self.trainer.datamodule
         if isinstance(data, PretrainDataModule) and len(data.names) > 1:  # corpus tokens read, per source
             metrics.update({f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()})
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
-        metrics = {k: torch.tensor(v) for k, v in metrics.items()}  # host tensors: Lightning's reads never sync
+        metrics = {
+            k: torch.tensor(v) for k, v in metrics.items()
+        }  # on the host: Lightning's reads never wait
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
-        self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,  # always "norm" (TrainerConfig has no other)
+    ) -> None:
+        """Clip to ``gradient_clip_val`` by the global norm, with the step's norm (computed once per step)."""
+        if not gradient_clip_val:
+            return
+        assert self.step_loss is not None
+        params = _optimized(optimizer)
+        norm = self.step_loss.grad_norm(params)
+        if norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
 
     # ------------------------------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:
@@ -209,7 +228,9 @@ class PretrainModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> dict[str, Any]:
         offload = optimizer_offloaded(self.run)
-        amp = self.run.trainer.precision.endswith("-mixed")
+        # only fp16's loss scaler needs the gradients unscaled before clipping: bf16-mixed can use the fused AdamW
+        # (configure_gradient_clipping clips without Lightning's AMP plugin, which refuses fused optimizers)
+        amp = self.run.trainer.precision.startswith("16")
         optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload, amp=amp)
         self.decayed_tensors = sum(len(g["params"]) for g in optimizer.param_groups if g["weight_decay"] > 0)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
@@ -227,3 +248,8 @@ class PretrainModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokens_seen = int(checkpoint.get(PAYLOAD, {}).get("tokens_seen", 0))
+
+
+def _optimized(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The parameters ``optimizer`` updates, in its order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]

@@ -141,13 +141,8 @@ class PeakThroughputMonitor(Callback):
         peak: float | None = None,
         float8: bool = False,
     ) -> None:
-        self.batch_size_fn, self.length_fn, self.window_size, self.peak = (
-            batch_size_fn,
-            length_fn,
-            window_size,
-            peak,
-        )
-        self.float8 = float8
+        self.batch_size_fn, self.length_fn, self.peak = batch_size_fn, length_fn, peak
+        self.window_size, self.float8 = window_size, float8
         self.throughput: Throughput | None = None
         self._pending: deque[tuple[Any, int, int, int, float]] = deque(maxlen=window_size)
         self._t0 = self._validation_start = 0.0
@@ -186,9 +181,8 @@ class PeakThroughputMonitor(Callback):
         totals[2] += self.length_fn(batch)
         flops = pl_module.flops_per_batch  # None where the module counts none (some baselines): no MFU logged
         self._pending.append((mark, *totals, None if flops is None else float(flops)))
-        if (batch_idx + 1) % trainer.accumulate_grad_batches == 0 and lightning_compat.should_update_logs(
-            trainer
-        ):
+        step_ends = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        if step_ends and lightning_compat.should_update_logs(trainer):
             self._flush()
             assert self.throughput is not None
             metrics = {f"train/{k}": v for k, v in self.throughput.compute().items()}
@@ -204,9 +198,8 @@ class PeakThroughputMonitor(Callback):
         now = time.perf_counter() - self._t0
         assert self.throughput is not None
         for mark, batches, samples, tokens, flops in self._pending:
-            at = (
-                now - mark.elapsed_time(last) / 1e3 if isinstance(mark, torch.cuda.Event) else mark - self._t0
-            )
+            cuda = isinstance(mark, torch.cuda.Event)
+            at = now - mark.elapsed_time(last) / 1e3 if cuda else mark - self._t0
             self.throughput.update(time=at, batches=batches, samples=samples, lengths=tokens, flops=flops)
         self._pending.clear()
 

@@ -239,7 +239,7 @@ def test_replace_path_without_exchange_puts_the_old_one_back_on_failure(tmp_path
 
 
 def test_consolidate_rejects_other_directories(tmp_path):
-    with pytest.raises(ValueError, match="neither a checkpoint file nor a sharded"):
+    with pytest.raises(ValueError, match="is a directory, not a checkpoint"):
         consolidate(tmp_path, tmp_path / "out.ckpt")
 
 

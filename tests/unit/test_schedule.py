@@ -10,9 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shards import write_shard
 
 from datamodules.dataset import PackedDataset
-from datamodules.indexed import write_indexed
 from datamodules.pretrain import PretrainDataModule
 from datamodules.schedule import MixtureSchedule, ScheduledBlend, step_counts
 from pretrain import config
@@ -91,8 +91,8 @@ def two_sources(tmp_path_factory):
     for d, size in enumerate((40, 25)):
         directory = root / f"src{d}"
         directory.mkdir()
-        write_indexed(directory / "train", [np.arange(d * BASE, d * BASE + size * L)], np.int32)
-        write_indexed(directory / "val", [np.arange(d * BASE, d * BASE + 4 * L)], np.int32)
+        write_shard(directory / "train", [np.arange(d * BASE, d * BASE + size * L)], np.int32)
+        write_shard(directory / "val", [np.arange(d * BASE, d * BASE + 4 * L)], np.int32)
         dirs.append(directory)
     return dirs
 
