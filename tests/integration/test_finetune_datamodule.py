@@ -73,7 +73,7 @@ def test_pairs_jsonl_regression_and_truncation(word_tokenizer, tmp_path):
 
 
 def test_custom_template(word_tokenizer, tmp_path):
-    train = write_tsv(tmp_path / "t.tsv", [["a", "b", "y"], ["good", "bad", "x"]])
+    train = write_tsv(tmp_path / "t.tsv", [["a", "b", "y"], ["good", "bad", "x"], ["bad", "good", "z"]])
     dm = FinetuneDataModule(
         word_tokenizer,
         train,
