@@ -25,6 +25,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from datamodules.pretrain import PretrainDataModule
@@ -33,7 +34,7 @@ from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint import PAYLOAD
-from pretrain.training.optim import build_optimizer, build_scheduler
+from pretrain.training.optim import build_optimizer, build_scheduler, describe
 from pretrain.training.strategies import optimizer_offloaded
 
 STEP_TARGETS = (
@@ -236,7 +237,10 @@ class PretrainModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         offload = optimizer_offloaded(self.run)
         amp = self.run.trainer.precision.endswith("-mixed")
-        optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload, amp=amp)
+        optimizer = build_optimizer(
+            self.model, self.run.optim, cpu_offload=offload, amp=amp, width_mult=self.run.model.width_mult
+        )
+        rank_zero_info(describe(optimizer))
         self.decayed_tensors = sum(len(g["params"]) for g in optimizer.param_groups if g["weight_decay"] > 0)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
