@@ -79,7 +79,9 @@ class MuonConfig:
     nesterov: bool = True
     ns_steps: int = 5  # Newton-Schulz iterations
     weight_decay: float = 0.0  # decoupled: W <- W (1 - lr wd)
-    adjust_lr: Literal["original", "match_rms_adamw"] = "original"  # lr * sqrt(max(1, out/in)) | 0.2 sqrt(max)
+    adjust_lr: Literal["original", "match_rms_adamw"] = (
+        "original"  # lr * sqrt(max(1, out/in)) | 0.2 sqrt(max)
+    )
 
 
 @dataclass
@@ -335,7 +337,9 @@ def _check_muon(run: RunConfig) -> None:
     import torch
 
     if not hasattr(torch.optim, "Muon"):
-        raise ValueError(f"optim.name=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
+        raise ValueError(
+            f"optim.name=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}"
+        )
     m = o.muon
     if not (m.lr > 0 and 0 <= m.momentum < 1 and 1 <= m.ns_steps < 100 and m.weight_decay >= 0):
         raise ValueError(

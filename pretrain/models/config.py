@@ -67,7 +67,9 @@ class ModelConfig:
     norm_position: str = "pre"  # pre: x + f(norm(x)), final norm per stack | post: norm(x + f(x)) (BERT)
     embedding_norm: bool = False  # norm after summing the embeddings (BERT)
 
-    activation: str = "gelu_tanh"  # relu | relu2 (relu(x)^2, Primer) | gelu | gelu_tanh | swiglu | geglu | ...
+    activation: str = (
+        "gelu_tanh"  # relu | relu2 (relu(x)^2, Primer) | gelu | gelu_tanh | swiglu | geglu | ...
+    )
     mlp_bias: bool = True
     attn_bias: bool = True
     attn_scale: str = "default"  # default: softmax(q k^T / sqrt(d_h)) | none: softmax(q k^T) (T5)
@@ -105,7 +107,9 @@ class ModelConfig:
 
     init: str = "gpt2"  # gpt2 (N(0, std), residual projections std/sqrt(2L)) | bert (N(0, std)) | t5 (fan-in)
     init_std: float = 0.02
-    zero_init_projections: bool = False  # attention output and MLP down projections start at 0 (modded-nanogpt)
+    zero_init_projections: bool = (
+        False  # attention output and MLP down projections start at 0 (modded-nanogpt)
+    )
 
     # muP (Yang et al. 2022, "Tensor Programs V"; pretrain.models.mup): hidden init std / sqrt(m), attention
     # softmax(q k^T / d_h), logits W h / m, Adam LR (and Muon's AdamW part) / m on hidden matrices, with the width

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from pretrain.models.attention import AttentionMask, MaskInputs, ScoreMod, SparsePattern, attend
 from pretrain.models.config import ModelConfig
 
+
 def relu_squared(x: Tensor) -> Tensor:
     """relu(x)^2 (So et al. 2021, "Primer"; modded-nanogpt)."""
     return F.relu(x).square()

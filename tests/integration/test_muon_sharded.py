@@ -18,7 +18,9 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Block, Transformer
 from pretrain.training.optim import build_optimizer
 
-CONFIG = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=48, max_seq_len=16, tie_embeddings=False)
+CONFIG = ModelConfig(
+    vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=48, max_seq_len=16, tie_embeddings=False
+)
 OPTIM = OptimConfig(name="muon", lr=1e-2, weight_decay=0.1, muon=MuonConfig(lr=0.02, weight_decay=0.1))
 STEPS = 3
 
