@@ -167,7 +167,6 @@ def run_pretrain(
     from lightning.pytorch.callbacks import Callback
 
     from pretrain import config
-    from pretrain.models.transformer import Block
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
@@ -213,7 +212,7 @@ def run_pretrain(
     ]
     run, resolved = config.load(REPO / "recipes" / "gpt-tiny.yaml", overrides)
     parts = prepare_run(run, resolved)
-    trainer = build_trainer(run, resolved, block_classes={Block}, callbacks=[StepClock(), *callbacks])
+    trainer = build_trainer(run, resolved, callbacks=[StepClock(), *callbacks])
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
     model = parts["module"].model.eval()
     out = clock.result(args.batch * args.seq_len)

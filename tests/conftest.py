@@ -1,4 +1,6 @@
-"""Shared fixtures: the real-data directory (configurable) and small deterministic settings."""
+"""Shared fixtures: the real-data directory (configurable), the tiny tokenizer + prepared corpus of the training
+tests, and small deterministic settings. Test modules never import each other: helpers live in plain modules
+(``training_utils.py``, ``model_zoo.py``, ``objective_data.py``) beside this file."""
 
 from __future__ import annotations
 
@@ -30,3 +32,29 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def shipped_corpus() -> Path:
     return SHIPPED_CORPUS
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory) -> dict[str, Path]:
+    """``{"tokenizer": tokenizer.json, "data": prepared dir, "corpus": text}`` from 200 kB of the shipped corpus."""
+    from datamodules.prepare import prepare
+    from datamodules.tokenizer import train_bpe
+
+    root = tmp_path_factory.mktemp("tiny_world")
+    corpus = root / "corpus.txt"
+    corpus.write_text(SHIPPED_CORPUS.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
+    tokenizer = root / "tokenizer.json"
+    train_bpe([corpus], 512, tokenizer, min_frequency=2, show_progress=False)
+    data = root / "data"
+    prepare([corpus], tokenizer, data, val_fraction=0.1, progress=False)
+    return {"tokenizer": tokenizer, "data": data, "corpus": corpus}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny sequential kernels run far faster on one thread than on two contended ones (OpenMP barriers); a module
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -24,7 +24,6 @@ class RecordFlops(Callback):
 
 def main(cells_json: str, out: str) -> None:
     from pretrain import config
-    from pretrain.models.transformer import Block
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
@@ -33,7 +32,7 @@ def main(cells_json: str, out: str) -> None:
         parts = prepare_run(run, resolved)
         record = RecordFlops()
         module = parts["module"]
-        trainer = build_trainer(run, resolved, block_classes={Block}, callbacks=[record])
+        trainer = build_trainer(run, resolved, callbacks=[record])
         trainer.fit(module, datamodule=parts["datamodule"])
         result = {"decayed": module.decayed_tensors, "flops": record.flops}
         Path(out, f"{cell['name']}.rank{trainer.global_rank}.json").write_text(json.dumps(result))

@@ -1,5 +1,5 @@
-"""Tiny end-to-end world shared by the training tests: a BPE tokenizer and a prepared corpus cut from the shipped
-Tiny Shakespeare, tiny recipes (d_model 32, 2 layers), and a runner for the ``pretrain`` CLI in a subprocess."""
+"""Helpers of the training tests (plain functions; the ``tiny_world`` fixture is in ``conftest.py``): tiny recipes
+(d_model 32, 2 layers) over that world, a runner for the ``pretrain`` CLI in a subprocess, metric readers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from pretrain.training.checkpoint import read
@@ -51,22 +50,6 @@ TINY_MODEL = {
     },
 }
 OBJECTIVE = {"gpt": "clm", "bert": "mlm", "t5": "span_corruption"}
-
-
-@pytest.fixture(scope="session")
-def tiny_world(tmp_path_factory) -> dict[str, Path]:
-    """``{"tokenizer": tokenizer.json, "data": prepared dir, "corpus": text}`` from 200 kB of the shipped corpus."""
-    from datamodules.prepare import prepare
-    from datamodules.tokenizer import train_bpe
-
-    root = tmp_path_factory.mktemp("tiny_world")
-    corpus = root / "corpus.txt"
-    corpus.write_text(CORPUS.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
-    tokenizer = root / "tokenizer.json"
-    train_bpe([corpus], 512, tokenizer, min_frequency=2, show_progress=False)
-    data = root / "data"
-    prepare([corpus], tokenizer, data, val_fraction=0.1, progress=False)
-    return {"tokenizer": tokenizer, "data": data, "corpus": corpus}
 
 
 def tiny_recipe(directory: Path, world: dict[str, Path], kind: str = "gpt", **sections) -> Path:

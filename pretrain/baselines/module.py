@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from torch import Tensor, nn
 
 from objectives.base import Objective
 from objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.config import OptimConfig, RunConfig
 from pretrain.training.optim import build_optimizer, build_scheduler
+from pretrain.training.step import StepLoss
 
 
 class BaselineModule(L.LightningModule):
@@ -27,6 +29,12 @@ class BaselineModule(L.LightningModule):
         self.model, self.optim, self.max_steps, self.objective = model, optim, max_steps, objective
         self.flops_per_batch: float | None = None  # read by the ThroughputMonitor
         self._val_sums: dict[str, Tensor] = {}
+        self.step_loss: StepLoss | None = None  # the running optimizer step's loss (read by the guards)
+
+    def on_train_start(self) -> None:
+        world = self.trainer.world_size
+        reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
+        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice=False)
 
     def sums(self, batch: dict[str, Tensor], training: bool) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -37,10 +45,14 @@ class BaselineModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         sums = self.sums(batch, training=True)
+        k, step = self.trainer.accumulate_grad_batches, self.step_loss
+        assert step is not None
+        if batch_idx % k == 0:
+            step.begin(torch.tensor(k, device=self.device))
         metrics = self._metrics({k: v.detach().float() for k, v in sums.items()})
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
-        return sums["loss_sum"] / sums["num_targets"].clamp_min(1)
+        return step.add_mean(sums["loss_sum"] / sums["num_targets"].clamp_min(1))
 
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {}

@@ -121,6 +121,7 @@ class TrainerConfig:
     progress_bar: bool = True
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
+    sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
 
 
 @dataclass

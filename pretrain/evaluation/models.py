@@ -161,7 +161,7 @@ def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> tuple[Transformer,
 
 
 def _load_ckpt(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
-    from pretrain.training.checkpoint import load_model as load_checkpoint
+    from pretrain.training.checkpoint.convert import load_model as load_checkpoint
 
     model, payload, tok = load_checkpoint(path)
     if tokenizer is not None:
@@ -178,7 +178,7 @@ def load_model_and_tokenizer(
     checkpoint: str | Path, tokenizer: str | Path | None = None
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """(model, tokenizer, {"prefix_token", "eos_token"}) from a .ckpt / run dir / transformers dir."""
-    from pretrain.training.checkpoint import find_resume, is_valid
+    from pretrain.training.checkpoint.resume import find_resume, is_valid
 
     path = Path(checkpoint)
     if not path.exists():

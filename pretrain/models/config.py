@@ -8,7 +8,8 @@ round-trips through ``dataclasses.asdict`` and OmegaConf structured configs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 ARCHS = ("decoder", "encoder", "encoder-decoder")
 NORMS = ("layernorm", "rmsnorm")
@@ -48,7 +49,24 @@ class ModelConfig:
 
     Shapes: ``d_model`` = d, ``n_head`` = h query heads of ``head_dim`` = d_h, ``n_kv_head`` = g key/value heads
     (grouped-query attention when g < h), ``d_ff`` = MLP width (per branch for gated activations).
+
+    Every field identifies the weights (their shapes and the function they compute) except ``RUN_TIME``: the
+    attention backend (same function), dropout (training only), the initialisation (fresh weights only) and the
+    special-token ids (the tokenizer's). A checkpoint resumes under any run-time settings (``identity``).
     """
+
+    RUN_TIME: ClassVar[frozenset[str]] = frozenset(
+        {
+            "attention",
+            "dropout",
+            "attn_dropout",
+            "init",
+            "init_std",
+            "pad_token_id",
+            "eos_token_id",
+            "decoder_start_token_id",
+        }
+    )
 
     arch: str = "decoder"  # decoder (GPT, causal) | encoder (BERT, bidirectional) | encoder-decoder (T5)
     vocab_size: int = 50304
@@ -233,6 +251,11 @@ class ModelConfig:
             )
         for token in self.attention_global_token_ids:
             _in_range("attention_global_token_ids", token, 0, self.vocab_size - 1, "token ids < vocab_size")
+
+    @classmethod
+    def identity(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """The fields of a (resolved, ``asdict``) config that identify the weights: all but ``RUN_TIME``."""
+        return {f.name: config.get(f.name) for f in fields(cls) if f.name not in cls.RUN_TIME}
 
     @property
     def sparse(self) -> bool:

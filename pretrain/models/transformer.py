@@ -486,6 +486,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        config = dataclasses.replace(config)  # its own copy: set_attention never changes the caller's config
         self.config = config
         self.embed = Embeddings(config)
         enc_dec = config.arch == "encoder-decoder"
@@ -700,10 +701,16 @@ class Transformer(nn.Module):
         if absolute and position_ids is not None and int(position_ids.max()) >= cfg.max_seq_len:
             raise ValueError(f"position_ids reach {int(position_ids.max())} >= max_seq_len={cfg.max_seq_len}")
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """The modules FSDP shards one by one (torchtitan's per-block ``fully_shard``): every transformer block."""
+        return [
+            block for stack in (self.encoder, self.decoder) if stack is not None for block in stack.blocks
+        ]
+
     def set_attention(self, backend: str) -> Transformer:
         """Compute attention with ``backend`` ('sdpa' | 'flex') from now on; same weights, same function."""
         dataclasses.replace(self.config, attention=backend)  # validates: ValueError naming the field
-        self.config.attention = backend  # shared by the stacks, read at every forward
+        self.config.attention = backend  # the model's own copy, shared by its stacks, read at every forward
         return self
 
     def num_params(self, exclude_embeddings: bool = False) -> int:

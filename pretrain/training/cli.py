@@ -20,7 +20,7 @@ from pretrain.training.setup import prepare_run
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from pretrain.models.transformer import Block
+    from pretrain.training.checkpoint.resume import check_resumable
     from pretrain.training.preemption import Interrupted
     from pretrain.training.trainer import build_trainer
 
@@ -31,10 +31,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(resolved), end="")
         return 0
     parts = prepare_run(run, resolved)
-    if parts["ckpt"] is not None and not strategy_reads(run.strategy.name, parts["ckpt"]):
-        raise ValueError(resume_mismatch(run.strategy.name, parts["ckpt"]))
+    if parts["ckpt"] is not None:
+        check_resumable(run.strategy.name, parts["ckpt"])
     module = parts["module"]
-    trainer = build_trainer(run, resolved, block_classes={Block}, wandb_id=module.wandb_id)
+    trainer = build_trainer(run, resolved, wandb_id=module.wandb_id)
     try:
         with warnings.catch_warnings():
             # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
@@ -97,7 +97,7 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pretrain.models.transformer import Block
+    from pretrain.training.checkpoint.resume import strategy_reads
     from pretrain.training.trainer import build_trainer
 
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
@@ -105,12 +105,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
-    trainer = build_trainer(run, resolved, block_classes={Block}, loggers=[])
+    trainer = build_trainer(run, resolved, loggers=[])
     ckpt = parts["ckpt"]
     # a directory of another strategy, or any checkpoint under DeepSpeed (whose engine cannot load ZeRO-3 weights
     # without an optimizer): the consolidated weights are loaded before the strategy sets the model up
     if run.strategy.name == "deepspeed" or not strategy_reads(run.strategy.name, ckpt):
-        from pretrain.training.checkpoint import load_model
+        from pretrain.training.checkpoint.convert import load_model
 
         parts["module"].model.load_state_dict(load_model(ckpt)[0].state_dict())
         ckpt = None
@@ -124,34 +124,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def strategy_reads(strategy: str, ckpt: Path) -> bool:
-    """Whether the Trainer under ``strategy`` restores checkpoint ``ckpt`` itself (FSDP reads its shards and single
-    files, DeepSpeed only its own directories, DDP and single-device only files)."""
-    from pretrain.training.checkpoint import kind
-
-    found = kind(ckpt)
-    if strategy == "deepspeed":
-        return found == "deepspeed"
-    return found == "file" or (found == "fsdp" and strategy == "fsdp")
-
-
-def resume_mismatch(strategy: str, ckpt: Path) -> str:
-    from pretrain.training.checkpoint import kind
-
-    found = kind(ckpt)
-    if found == "deepspeed":
-        return f"resume={ckpt} is a DeepSpeed checkpoint directory; resume it with strategy.name=deepspeed"
-    if found == "fsdp":
-        return (
-            f"resume={ckpt} is an FSDP checkpoint directory; resume it with strategy.name=fsdp, or under "
-            f"{strategy} from a single file made by pretrain.training.checkpoint.consolidate"
-        )
-    return f"resume={ckpt} is a single file, which strategy deepspeed cannot restore; use strategy.name=fsdp or ddp"
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from pretrain.models.generation import generate
-    from pretrain.training.checkpoint import load_model
+    from pretrain.training.checkpoint.convert import load_model
 
     for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
@@ -232,7 +207,7 @@ def _check_export_target(out_dir: Path, force: bool) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from pretrain.models.hf import save_hf
-    from pretrain.training.checkpoint import load_model
+    from pretrain.training.checkpoint.convert import load_model
 
     if not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")

@@ -1,16 +1,23 @@
 """Guards for unattended runs: non-finite steps, loss spikes and hangs (config section ``guards``).
 
-``StepGuard`` (a Lightning callback) looks at every optimizer step after the backward pass, before the update:
+``StepGuard`` (a Lightning callback) looks at every optimizer step after the backward pass, before the update,
+and decides on the device -- a step that does not log never waits for it (``host_sync.py``):
 
-- the step's loss ``L = sum_{r,m} S_{r,m} / N`` (see ``PretrainModule``) and a non-finite flag (loss or any
-  gradient NaN/Inf) are all-reduced in one collective, so every rank (DDP, FSDP shards) takes the same decision;
-- a non-finite step is not applied: every gradient is dropped (``p.grad = None``), so AdamW leaves the weights
-  and its moments and step counts untouched (the learning-rate schedule and the step counter still advance);
+- the step's loss terms (``StepLoss``: ``sum_m S_m`` of this rank, the global target count N) and a non-finite
+  flag (any gradient NaN/Inf on this rank) are all-reduced in one collective, so every rank (DDP, FSDP shards)
+  takes the same decision; ``L = sum_{r,m} S_{r,m} / N``;
+- a non-finite step is not applied: the fused optimizer gets ``found_inf`` (GradScaler's mechanism), so AdamW
+  leaves the weights, its moments and step counts untouched (the learning-rate schedule and the step counter
+  still advance). An optimizer without that input (not fused: ``*-mixed`` precisions, CPU offload) has its
+  gradients dropped instead, which reads the verdict on the host;
 - a spike is ``L > mean + k * std`` of the last ``window`` normal losses, ``m`` steps in a row (PaLM, Chowdhery
-  et al. 2022, section 5.1: restart ~100 steps before the spike and skip the batches in between);
-- ``m`` spike steps, or ``nonfinite.max_consecutive`` non-finite ones, roll back: the weights and optimizer
-  state return to the last good snapshot and the samples read since it (the window that led to the spike) are
-  skipped -- the data position is not rewound. Optionally the learning rate is scaled for a while.
+  et al. 2022, section 5.1: restart ~100 steps before the spike and skip the batches in between); the threshold
+  and the streak are host numbers known before the step, so the m-th spike step is skipped on the device too;
+- ``L`` and the flag come back to the host with a ``DeferredRead`` and are acted on at the end of the step (the
+  update then is still running on the device): the loss history, streaks, events, and the rollback after ``m``
+  spike steps or ``nonfinite.max_consecutive`` non-finite ones. A rollback puts the weights and optimizer state
+  of the last good snapshot back and skips the samples read since it (the window that led to the spike) -- the
+  data position is not rewound. Optionally the learning rate is scaled for a while.
 
 Snapshots are host-memory copies of the parameters, buffers and optimizer state, taken at train start, at every
 checkpoint and every ``snapshot_every`` steps, and only while no anomaly is running. The guard's state (loss
@@ -39,6 +46,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from pretrain.config.run import GuardsConfig, HangGuardConfig
+from pretrain.training.host_sync import DeferredRead, allowed
 
 
 def _cpu_copy(obj: Any) -> Any:
@@ -52,11 +60,19 @@ def _cpu_copy(obj: Any) -> Any:
     return obj
 
 
-def _gradients_finite(parameters: list[Tensor]) -> bool:
-    grads = [p.grad for p in parameters if p.grad is not None]
+def _nonfinite(parameters: list[Tensor], device: torch.device) -> Tensor:
+    """1.0 where any local gradient (this rank's shard under FSDP) is NaN/Inf, else 0.0; (,) on the device."""
+    grads = [g.to_local() if hasattr(g, "to_local") else g for p in parameters if (g := p.grad) is not None]
     if not grads:  # DeepSpeed keeps its gradients inside the engine; the loss is still checked
-        return True
-    return bool(torch.nn.utils.get_total_norm(grads).isfinite())
+        return torch.zeros((), device=device)
+    return (~torch.nn.utils.get_total_norm(grads).isfinite()).float()
+
+
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` honours a ``found_inf`` tensor (the fused Adam/AdamW/SGD kernels)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
+        optimizer.defaults.get("fused")
+    )
 
 
 class StepGuard(Callback):
@@ -71,8 +87,8 @@ class StepGuard(Callback):
         self.events: list[dict[str, Any]] = []
         self.snapshot: dict[str, Any] | None = None
         self._trainer: L.Trainer | None = None
-        self._loss = torch.zeros(())
-        self._lr_scaled: list[float] | None = None
+        self._pending: tuple[int, tuple[int, int], DeferredRead] | None = None  # (step, data position, verdict)
+        self._lr_scaled: list[tuple[float, float]] | None = None
 
     # ------------------------------------------------------------------------------------------ state
     @property
@@ -118,52 +134,29 @@ class StepGuard(Callback):
         if self.snapshot is None:
             self._take_snapshot(trainer, force=True)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
-    ) -> None:
-        if idx % trainer.accumulate_grad_batches == 0:
-            self._loss = torch.zeros((), device=pl_module.device)
-
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        self._loss = self._loss + loss.detach().float() / (scaler.get_scale() if scaler is not None else 1.0)
-
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        """The verdict on the device: all-reduce (sum_m S_m, non-finite flag), skip the update where due."""
+        step = pl_module.step_loss
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed: the scaler skips such steps
-        check_nonfinite = self.config.nonfinite.enabled and scaler is None
-        finite = _gradients_finite(params)
-        flags = torch.stack([self._loss, self._loss.new_tensor(0.0 if finite else 1.0)])
+        flags = torch.stack([step.loss_sum, _nonfinite(params, step.loss_sum.device)])
         if trainer.world_size > 1:
             flags = trainer.strategy.reduce(flags, reduce_op="sum")
-        multiplier = getattr(pl_module, "_grad_multiplier", lambda: trainer.world_size)()
-        loss = float(flags[0]) * trainer.accumulate_grad_batches / multiplier
-        nonfinite = bool(flags[1] > 0) or not torch.isfinite(torch.tensor(loss))
-        step = trainer.global_step
-        if check_nonfinite and nonfinite:
-            self.nonfinite_steps += 1
-            self.nonfinite_streak += 1
-            self._drop_update(params)
-            self._record(trainer, {"step": step, "event": "nonfinite", "loss": loss})
-            if self.nonfinite_streak >= self.config.nonfinite.max_consecutive:
-                self._rollback(trainer, pl_module, optimizer, step, loss, "nonfinite")
-            return
-        self.nonfinite_streak = 0
+        loss = flags[0] / step.num_targets.clamp_min(1)
+        bad = (flags[1] > 0) | ~loss.isfinite()
+        skip = bad if self._check_nonfinite(trainer) else None
         spike = self.config.spike
-        if spike.enabled:
-            if len(self.history) >= spike.min_history and loss > self._threshold():
-                self.spike_streak += 1
-                if self.spike_streak >= spike.m:
-                    self._drop_update(params)
-                    self._rollback(trainer, pl_module, optimizer, step, loss, "spike")
-                    return
-            else:
-                self.spike_streak = 0
-                self.history.append(loss)
-        if self.lr_steps_left > 0:
-            self.lr_steps_left -= 1
+        if spike.enabled and len(self.history) >= spike.min_history and self.spike_streak + 1 >= spike.m:
+            spiked = loss.double() > self._threshold()  # the m-th spike in a row: rolled back, not applied
+            skip = spiked if skip is None else skip | spiked
+        if skip is not None and _skips_on_device(optimizer):
+            optimizer.found_inf = skip.float()  # read by the fused kernel (as GradScaler passes it)
+        elif skip is not None and bool(skip):  # no device-side skip: this reads the verdict on the host
+            self._drop_update(params)
+        verdict = DeferredRead(torch.stack([loss.double(), bad.double()]))
+        self._pending = (trainer.global_step, _data_position(trainer), verdict)
+        if self.lr_steps_left > 0:  # counted down once the step turns out normal
             self._lr_scaled = [
                 (group["lr"], group["lr"] * spike.lr_factor) for group in optimizer.param_groups
             ]
@@ -173,15 +166,54 @@ class StepGuard(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        """Back to the schedule's learning rate (unless the scheduler has set the next one already); snapshot."""
+        """After the update: back to the schedule's learning rate (unless the scheduler has set the next one
+        already); act on the step's verdict; snapshot."""
+        optimizer = trainer.optimizers[0]
         if self._lr_scaled is not None:
-            for group, (lr, scaled) in zip(trainer.optimizers[0].param_groups, self._lr_scaled):
+            for group, (lr, scaled) in zip(optimizer.param_groups, self._lr_scaled):
                 if group["lr"] == scaled:
                     group["lr"] = lr
             self._lr_scaled = None
+        if hasattr(optimizer, "found_inf"):
+            del optimizer.found_inf
+        self._resolve(trainer, pl_module)
         every = self.config.snapshot_every
         if (idx + 1) % trainer.accumulate_grad_batches == 0 and every and trainer.global_step % every == 0:
-            self._take_snapshot(trainer)
+            with allowed():  # a copy of every weight to the host
+                self._take_snapshot(trainer)
+
+    def _check_nonfinite(self, trainer: L.Trainer) -> bool:
+        """Non-finite steps are skipped here unless 16-mixed's loss scaler skips them itself."""
+        return self.config.nonfinite.enabled and getattr(trainer.precision_plugin, "scaler", None) is None
+
+    def _resolve(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The host side of the last step's verdict (its update was skipped on the device where due)."""
+        if self._pending is None:
+            return
+        step, position, verdict = self._pending
+        self._pending = None
+        loss, bad = verdict.read()
+        optimizer = trainer.optimizers[0]
+        if self._check_nonfinite(trainer) and bad:
+            self.nonfinite_steps += 1
+            self.nonfinite_streak += 1
+            self._record(trainer, {"step": step, "event": "nonfinite", "loss": loss})
+            if self.nonfinite_streak >= self.config.nonfinite.max_consecutive:
+                self._rollback(trainer, pl_module, optimizer, step, loss, "nonfinite", position)
+            return
+        self.nonfinite_streak = 0
+        spike = self.config.spike
+        if spike.enabled:
+            if len(self.history) >= spike.min_history and loss > self._threshold():
+                self.spike_streak += 1
+                if self.spike_streak >= spike.m:
+                    self._rollback(trainer, pl_module, optimizer, step, loss, "spike", position)
+                    return
+            else:
+                self.spike_streak = 0
+                self.history.append(loss)
+        if self.lr_steps_left > 0:
+            self.lr_steps_left -= 1
 
     # ------------------------------------------------------------------------------------------ helpers
     def _threshold(self) -> float:
@@ -215,6 +247,7 @@ class StepGuard(Callback):
         step: int,
         loss: float,
         reason: str,
+        position: tuple[int, int],
     ) -> None:
         if self.rollbacks >= self.config.max_rollbacks:
             raise RuntimeError(
@@ -223,7 +256,7 @@ class StepGuard(Callback):
             )
         assert self.snapshot is not None
         snap = self.snapshot
-        with torch.no_grad():
+        with torch.no_grad(), allowed():
             for name, tensor in _local_tensors(pl_module).items():
                 tensor.copy_(snap["model"][name])
         for opt, state in zip(trainer.optimizers, snap["optimizers"]):
@@ -234,7 +267,7 @@ class StepGuard(Callback):
         self.rollbacks += 1
         self.spike_streak = self.nonfinite_streak = 0
         self.lr_steps_left = self.config.spike.lr_steps if self.config.spike.lr_factor < 1 else 0
-        start, end = snap["position"], _data_position(trainer)
+        start, end = snap["position"], position
         self._record(
             trainer,
             {

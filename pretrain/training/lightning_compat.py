@@ -4,7 +4,7 @@ Tested with lightning 2.6.6, deepspeed 0.19.8 and torch 2.13 (CPU/gloo); revisit
 item names the public behaviour it stands in for:
 
 - ``should_update_logs``: Lightning's schedule of logged steps (``log_every_n_steps``) as the logger sees it.
-- ``set_available_flops``: the peak FLOP/s of ``ThroughputMonitor``'s per-stage ``Throughput`` objects.
+- ``log_metrics``: metrics logged at the trainer's step, as ``ThroughputMonitor`` logs its own.
 - ``engine_divides_by_accumulation``: DeepSpeed's engine divides the loss by its accumulation steps on top of
   Lightning's own division.
 - ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
@@ -31,7 +31,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelPa
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from pretrain.training.checkpoint import atomic_directory
+from pretrain.training.checkpoint.io import atomic_directory
 
 TESTED_WITH = {"lightning": "2.6.6", "deepspeed": "0.19.8", "torch": "2.13.0"}
 
@@ -41,11 +41,9 @@ def should_update_logs(trainer: Any) -> bool:
     return trainer._logger_connector.should_update_logs
 
 
-def set_available_flops(monitor: Any, flops: float | None) -> None:
-    """Peak FLOP/s per device of a ``ThroughputMonitor`` after its ``setup`` (MFU's denominator)."""
-    monitor.available_flops = flops
-    for throughput in monitor._throughputs.values():
-        throughput.available_flops = flops
+def log_metrics(trainer: Any, metrics: dict[str, float]) -> None:
+    """Send ``metrics`` to every logger at the step of the metrics ``LightningModule.log`` gives it now."""
+    trainer._logger_connector.log_metrics(metrics)
 
 
 def engine_divides_by_accumulation(strategy: Strategy) -> bool:
@@ -139,7 +137,8 @@ class PerModuleSharding(ModelParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        from pretrain.training.checkpoint import optimizer_state_by_name, read
+        from pretrain.training.checkpoint.convert import optimizer_state_by_name
+        from pretrain.training.checkpoint.io import read
 
         checkpoint = read(path)
         full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)

@@ -1,29 +1,16 @@
 """``PretrainModule``: the backbone + an objective as a LightningModule, with a globally normalised loss.
 
-Loss normalisation. An optimizer step sees micro-batches m = 1..k on ranks r = 1..W; the objective returns
-``S_{r,m}`` (summed token cross-entropy) and ``N_{r,m}`` (number of targets). The step's loss is
-
-    L = sum_{r,m} S_{r,m} / N,    N = sum_{r,m} N_{r,m}
-
-which is *not* the mean of per-micro-batch means when the target counts vary (MLM, span corruption, padding).
-``StepGroups`` looks k micro-batches ahead and tags each with its step's local target count; the module
-all-reduces that count once per step (giving N) and backpropagates ``S_{r,m} * k * W / N``: Lightning divides
-each micro-batch loss by k, data-parallel gradient averaging divides by W, so the accumulated gradient is
-exactly the gradient of L -- the same as one pass over the whole global batch.
-
-Randomness. Dropout draws from the global torch generator, which is re-seeded before every micro-batch from
-(seed, optimizer step, micro-batch, rank): a resumed run replays the same dropout masks with no RNG state
-to carry, whatever ran in between (validation, data-loader start-up).
+The optimizer step's arithmetic (grouping k micro-batches, the all-reduced target count, the loss each
+micro-batch backpropagates, dropout seeds) is ``pretrain.training.step``'s; this module runs the model on it.
+Dropout draws from the global torch generator, re-seeded before every micro-batch from (seed, optimizer step,
+micro-batch, rank): a resumed run replays the same dropout masks with no RNG state to carry.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
@@ -33,35 +20,13 @@ from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training import lightning_compat
-from pretrain.training.checkpoint import PAYLOAD
+from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler, describe
+from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
-
-STEP_TARGETS = (
-    "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
-)
 TARGET_POSITIONS = (
     "target_positions"  # (N,) flat indices of the labelled positions (sparse-target objectives)
 )
-
-
-class StepGroups:
-    """Micro-batches of ``loader`` in groups of ``k`` (one optimizer step), each tagged with the group's number
-    of targets (``labels != -100``). A trailing incomplete group is dropped so every step has k micro-batches."""
-
-    def __init__(self, loader: Iterable[dict[str, Tensor]], k: int):
-        self.loader, self.k = loader, k
-        self.sampler = getattr(loader, "sampler", None)  # Lightning calls sampler.set_epoch
-
-    def __len__(self) -> int:
-        return len(self.loader) // self.k * self.k
-
-    def __iter__(self) -> Iterator[dict[str, Tensor]]:
-        batches = iter(self.loader)
-        while len(group := list(itertools.islice(batches, self.k))) == self.k:
-            count = sum((b["labels"] != IGNORE_INDEX).sum() for b in group)
-            for batch in group:
-                yield {**batch, STEP_TARGETS: count}
 
 
 class PretrainData(PretrainDataModule):
@@ -91,10 +56,6 @@ class PretrainData(PretrainDataModule):
         if self.objective.sparse_targets and "labels" in batch:
             batch[TARGET_POSITIONS] = (batch["labels"].flatten() != IGNORE_INDEX).nonzero().squeeze(1)
         return batch
-
-
-def dropout_seed(seed: int, step: int, micro_batch: int, rank: int) -> int:
-    return int(np.random.SeedSequence([seed, step, micro_batch, rank]).generate_state(1, np.uint64)[0] >> 1)
 
 
 class PretrainModule(L.LightningModule):
@@ -127,8 +88,8 @@ class PretrainModule(L.LightningModule):
             self._flops_per_token = Transformer(run.model).flops_per_token
         self.decayed_tensors = 0  # weight-decayed parameter tensors (set by configure_optimizers)
         self._flops_per_sample: dict[tuple[int, int | None], tuple[float, float]] = {}
-        self._step_targets: Tensor | None = None
-        self._train_sums: dict[str, Tensor] = {}
+        self.step_loss: StepLoss | None = None  # the running optimizer step's loss terms (set at train start)
+        self._num_correct: Tensor | None = None
         self._val_sums: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -160,57 +121,54 @@ class PretrainModule(L.LightningModule):
     def _reduce(self, t: Tensor) -> Tensor:
         return self.trainer.strategy.reduce(t, reduce_op="sum") if self.trainer.world_size > 1 else t
 
-    def _grad_multiplier(self) -> int:
-        """k * W, undoing Lightning's division by k and data-parallel averaging over W. DeepSpeed's engine
-        divides by its gradient-accumulation steps once more."""
-        k = self.trainer.accumulate_grad_batches
-        twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
-        return k * self.trainer.world_size * (k if twice else 1)
-
     # ------------------------------------------------------------------------------------------ training
+    def on_train_start(self) -> None:
+        twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
+        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, self.trainer.world_size, self._reduce, twice)
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        k = self.trainer.accumulate_grad_batches
+        """Micro-batch ``batch_idx`` of the running optimizer step; see ``pretrain.training.step``."""
+        step, k = self.step_loss, self.trainer.accumulate_grad_batches
+        assert step is not None
         micro = batch_idx % k
         torch.manual_seed(dropout_seed(self.run.seed, self.global_step, micro, self.global_rank))
         if micro == 0:
-            self._step_targets = self._reduce(batch[STEP_TARGETS].clone())
-            self._train_sums = {}
+            step.begin(batch[STEP_TARGETS])
+            self._num_correct = None
         inputs, labels = self._split(batch)
         logits = self.model(**inputs).logits
         loss_sum, _ = self.objective.loss(logits, labels)
         self.flops_per_batch = self._batch_flops(inputs, backward=True)
         self.tokens_seen += inputs["input_ids"].numel() * self.trainer.world_size
+        loss = step.add(loss_sum)
 
         if lightning_compat.should_update_logs(self.trainer):
             correct = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
-            for key, value in (("loss_sum", loss_sum.detach()), ("num_correct", correct)):
-                self._train_sums[key] = self._train_sums.get(key, 0) + value
-            if micro == k - 1:
-                self._log_train_step()
-        return loss_sum * self._grad_multiplier() / self._step_targets.clamp_min(1)
-
-    def _log_train_step(self) -> None:
-        loss_sum, correct = self._reduce(
-            torch.stack([self._train_sums[k].float() for k in ("loss_sum", "num_correct")])
-        )
-        totals = {"loss_sum": loss_sum, "num_correct": correct, "num_targets": self._step_targets}
-        metrics = {f"train/{k}": v for k, v in self.objective.summarize(totals).items()}
-        metrics["train/tokens_seen"] = float(self.tokens_seen)
-        metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
-        self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
-        self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)
+            self._num_correct = correct if self._num_correct is None else self._num_correct + correct
+        return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Log the global gradient norm (before clipping); sharded (DTensor) gradients are reduced over ranks."""
+        """On a logging step, the step's loss, accuracy (perplexity) and global gradient norm (before clipping;
+        sharded (DTensor) gradients reduced over ranks), brought to the host in one transfer."""
         if not lightning_compat.should_update_logs(self.trainer):
             return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads:  # DeepSpeed keeps gradients inside its engine
-            return
-        norm = torch.nn.utils.get_total_norm(grads)
-        if hasattr(norm, "full_tensor"):  # a DTensor: the norm of this rank's shards, made global
-            norm = norm.full_tensor()
-        self.log("train/grad_norm", norm, on_step=True, on_epoch=False, rank_zero_only=True)
+        step = self.step_loss
+        assert step is not None and step.loss_sum is not None and self._num_correct is not None
+        totals = [*self._reduce(torch.stack([step.loss_sum, self._num_correct.float()])), step.num_targets]
+        grads = [p.grad for p in self.parameters() if p.grad is not None]  # none under DeepSpeed (its engine's)
+        if grads:
+            norm = torch.nn.utils.get_total_norm(grads)
+            totals.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor: made global
+        host = torch.stack([t.float() for t in totals]).cpu()  # the step's one device-to-host transfer
+        summary = dict(zip(("loss_sum", "num_correct", "num_targets"), host))
+        metrics = {f"train/{k}": v for k, v in self.objective.summarize(summary).items()}
+        if grads:
+            metrics["train/grad_norm"] = float(host[3])
+        metrics["train/tokens_seen"] = float(self.tokens_seen)
+        metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
+        metrics = {k: torch.tensor(v) for k, v in metrics.items()}  # host tensors: Lightning's reads never sync
+        self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
+        self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)
 
     # ------------------------------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:

@@ -9,8 +9,8 @@ Stop signals (handlers installed when training starts, replacing Lightning's unt
 
 * SIGTERM (a scheduler's preemption, ``scancel``, ``kill``), SIGUSR1 (SLURM's ``--signal=USR1@SECONDS``
   before the time limit) and a first SIGINT (Ctrl-C) only record the request. At the next step boundary the
-  ranks agree (one all-reduce of a flag per step: a signal sent to one rank stops all) and save ``last.ckpt``
-  together; once that step is logged (and validated, if due), ``Trainer.fit`` raises ``Interrupted``.
+  ranks agree (one all-reduce of the signal number per step, before the update, read back with a
+  ``DeferredRead`` once the step ends: a signal sent to one rank stops all) and save ``last.ckpt`` together; once that step is logged (and validated, if due), ``Trainer.fit`` raises ``Interrupted``.
   ``pretrain fit`` prints how to continue and exits with ``128 + signal number`` (143, 138, 130): the status
   of a process killed by that signal, not a success, so ``torchrun --max-restarts``, a restart policy or a
   wrapper script runs it again, and ``resume=auto`` continues.
@@ -37,7 +37,8 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 
-from pretrain.training.checkpoint import remove_partial_saves
+from pretrain.training.checkpoint.io import remove_partial_saves
+from pretrain.training.host_sync import DeferredRead, allowed
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -70,6 +71,7 @@ class LastCheckpoint(Checkpoint):
         self._step = self._first_step = self._saved_step = -1
         self._announce = False
         self._stop: Interrupted | None = None
+        self._agreed: DeferredRead | None = None  # the step's all-reduced signal number (0: none)
 
     # ----------------------------------------------------------------------------------------- signals
     def install(self) -> None:
@@ -113,17 +115,27 @@ class LastCheckpoint(Checkpoint):
         self._announce = trainer.is_global_zero
         self.install()  # after Lightning's signal connector registered its handlers
 
+    def on_before_optimizer_step(self, trainer: L.Trainer, *args: Any) -> None:
+        self._agreed = self._agree(trainer)
+
+    def _agree(self, trainer: L.Trainer) -> DeferredRead | None:
+        """The largest signal number any rank received (0: none), on its way to the host; None on one rank."""
+        if trainer.world_size == 1:
+            return None
+        signum = torch.tensor(self.received or 0, device=trainer.strategy.root_device)
+        return DeferredRead(trainer.strategy.reduce(signum, reduce_op="max"))
+
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         step = trainer.global_step
         if step == self._step:  # a micro-batch within an accumulated step
             return
         self._step = step
-        stop = trainer.strategy.reduce_boolean_decision(self.received is not None, all=False)
-        if stop or step % self.every_n_steps == 0 or step >= trainer.max_steps:
+        agreed, self._agreed = self._agreed or self._agree(trainer), None
+        signum = int(agreed.read()) if agreed is not None else (self.received or 0)
+        if signum or step % self.every_n_steps == 0 or step >= trainer.max_steps:
             self._save(trainer)
-        if stop:  # raised when the next batch starts, once this step is logged (and validated, if due)
-            signum = torch.tensor(self.received or 0, device=trainer.strategy.root_device)
-            self._stop = Interrupted(int(trainer.strategy.reduce(signum, reduce_op="max")), step, self.path)
+        if signum:  # raised when the next batch starts, once this step is logged (and validated, if due)
+            self._stop = Interrupted(signum, step, self.path)
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         if self._stop is not None:
@@ -140,7 +152,8 @@ class LastCheckpoint(Checkpoint):
         self.restore()
 
     def _save(self, trainer: L.Trainer) -> None:
-        trainer.save_checkpoint(self.path)
+        with allowed():  # every weight to the host
+            trainer.save_checkpoint(self.path)
         self._saved_step = trainer.global_step
 
 

@@ -57,7 +57,7 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
 def resume_path(run: RunConfig) -> Path | None:
     """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
     checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
-    from pretrain.training.checkpoint import find_resume
+    from pretrain.training.checkpoint.resume import find_resume
 
     if run.resume is None:
         return None
@@ -81,7 +81,8 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     import lightning as L
 
     from datamodules.tokenizer import load_tokenizer
-    from pretrain.training.checkpoint import check_compatible, payload
+    from pretrain.training.checkpoint.io import payload
+    from pretrain.training.checkpoint.resume import check_compatible
     from pretrain.training.module import PretrainModule
 
     tokenizer = load_tokenizer(run.tokenizer.path)

@@ -10,7 +10,6 @@ compute only, as under DDP); checkpoints are torch.distributed.checkpoint direct
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +17,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch import nn
 
 from pretrain.config import RunConfig
-from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.checkpoint.io import AtomicCheckpointIO
 
 
 def deepspeed_config(run: RunConfig) -> dict[str, Any]:
@@ -57,25 +56,24 @@ def optimizer_offloaded(run: RunConfig) -> bool:
     return run.strategy.name == "deepspeed" and run.strategy.deepspeed.offload_optimizer
 
 
-def shard_blocks(
-    module: nn.Module,
-    mesh: Any,
-    block_classes: Iterable[type[nn.Module]],
-    *,
-    reshard_after_forward: bool = True,
-    cpu_offload: bool = False,
+def shard_units(module: nn.Module) -> list[nn.Module]:
+    """The modules FSDP shards one by one: those every submodule declares with ``fsdp_units()`` (the
+    ``Transformer``: its blocks)."""
+    return [unit for sub in module.modules() if hasattr(sub, "fsdp_units") for unit in sub.fsdp_units()]
+
+
+def shard_model(
+    module: nn.Module, mesh: Any, *, reshard_after_forward: bool = True, cpu_offload: bool = False
 ) -> None:
-    """FSDP2: ``fully_shard`` every block (a ``block_classes`` instance), then each top-level child holding
-    parameters (the backbone: embeddings, final norm, heads). In place."""
+    """FSDP2: ``fully_shard`` every unit of :func:`shard_units`, then each top-level child holding parameters
+    (the backbone: embeddings, final norm, heads). In place."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
-    blocks = tuple(block_classes)
-    for submodule in list(module.modules()):
-        if blocks and isinstance(submodule, blocks):
-            fully_shard(submodule, **options)
+    for unit in shard_units(module):
+        fully_shard(unit, **options)
     for child in module.children():
         if any(True for _ in child.parameters()):
             fully_shard(child, **options)
@@ -86,7 +84,7 @@ def collective_timeout(run: RunConfig) -> timedelta:
     return timedelta(seconds=run.guards.hang.collective_timeout_seconds)
 
 
-def build_fsdp(run: RunConfig, block_classes: Iterable[type[nn.Module]]) -> Strategy:
+def build_fsdp(run: RunConfig) -> Strategy:
     from functools import partial
 
     from pretrain.training.lightning_compat import PerModuleSharding
@@ -95,8 +93,7 @@ def build_fsdp(run: RunConfig, block_classes: Iterable[type[nn.Module]]) -> Stra
     if fsdp.sharding_strategy == "NO_SHARD":
         raise ValueError("strategy.fsdp.sharding_strategy=NO_SHARD is data parallel: use strategy.name=ddp")
     parallelize = partial(
-        shard_blocks,
-        block_classes=tuple(block_classes),
+        shard_model,
         reshard_after_forward=fsdp.sharding_strategy != "SHARD_GRAD_OP",
         cpu_offload=fsdp.cpu_offload,
     )
@@ -124,8 +121,9 @@ def build_deepspeed(run: RunConfig) -> Strategy:
     return DeepSpeedAnyDevice(config=deepspeed_config(run), timeout=collective_timeout(run))
 
 
-def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()) -> str | Strategy:
-    """``auto`` | DDP | FSDP2 (one unit per transformer block) | DeepSpeed ZeRO, from ``run.strategy``."""
+def build_strategy(run: RunConfig) -> str | Strategy:
+    """``auto`` | DDP | FSDP2 (the model's ``fsdp_units``: one per transformer block) | DeepSpeed ZeRO, from
+    ``run.strategy``."""
     s = run.strategy
     if s.name == "auto":
         return "auto"
@@ -138,5 +136,5 @@ def build_strategy(run: RunConfig, block_classes: Iterable[type[nn.Module]] = ()
             checkpoint_io=AtomicCheckpointIO(),
         )
     if s.name == "fsdp":
-        return build_fsdp(run, block_classes)
+        return build_fsdp(run)
     return build_deepspeed(run)

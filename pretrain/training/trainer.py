@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
-from torch import nn
 
 from pretrain.config import RunConfig
-from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training import lightning_compat
+from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
+from pretrain.training.host_sync import SyncCheck
 from pretrain.training.preemption import LastCheckpoint
+from pretrain.training.step import micro_batches
 from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
 
@@ -61,7 +63,7 @@ def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None
 
 def build_callbacks(run: RunConfig) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
-    validation loss; throughput/MFU; the guards of ``run.guards``."""
+    validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -69,11 +71,13 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
         PeakThroughputMonitor(
             batch_size_fn=lambda batch: batch["input_ids"].shape[0],
             length_fn=lambda batch: batch["input_ids"].numel(),
-            window_size=max(2, run.trainer.throughput_window * k),
+            window_size=max(2, micro_batches(run.trainer.throughput_window, k)),
             peak=run.trainer.peak_flops,
         ),
         *build_guards(run),
     ]
+    if run.trainer.sync_check != "off":
+        callbacks.append(SyncCheck(run.trainer.sync_check))
     if run.checkpoint.save_top_k > 0:
         callbacks.append(
             ModelCheckpoint(
@@ -92,14 +96,13 @@ def build_trainer(
     run: RunConfig,
     resolved: dict[str, Any],
     *,
-    block_classes: Iterable[type[nn.Module]] = (),
     wandb_id: str | None = None,
     callbacks: Iterable[Callback] = (),
     loggers: list[Logger] | None = None,
 ) -> L.Trainer:
     """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
     t = run.trainer
-    strategy = build_strategy(run, block_classes)
+    strategy = build_strategy(run)
     k = t.accumulate_grad_batches
     trainer = L.Trainer(
         accelerator=t.accelerator,
@@ -111,7 +114,7 @@ def build_trainer(
         max_epochs=-1,
         accumulate_grad_batches=k,
         gradient_clip_val=t.gradient_clip_val,
-        val_check_interval=t.val_check_interval * k,
+        val_check_interval=micro_batches(t.val_check_interval, k),
         check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches,
         num_sanity_val_steps=0,
@@ -123,9 +126,26 @@ def build_trainer(
         use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
         default_root_dir=run.run_dir,
     )
+    if trainer.progress_bar_callback is not None:
+        bar = trainer.progress_bar_callback
+        bar.get_metrics = metrics_of_logging_steps(bar.get_metrics)  # type: ignore[method-assign]
     if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
         trainer.strategy.checkpoint_io.reclaimable = lambda: outside_retention(trainer)
     return trainer
+
+
+def metrics_of_logging_steps(get_metrics: Callable[[Any, Any], dict]) -> Callable[[Any, Any], dict]:
+    """A progress bar's ``get_metrics`` that reads the logged metrics again only on steps that log (and outside
+    training): Lightning converts each to a Python number on every refresh, a host read per batch."""
+    cache: dict[str, Any] = {}
+
+    def cached(trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        if not cache or not trainer.training or lightning_compat.should_update_logs(trainer):
+            cache.clear()
+            cache.update(get_metrics(trainer, pl_module))
+        return dict(cache)
+
+    return cached
 
 
 def outside_retention(trainer: L.Trainer) -> list[Path]:

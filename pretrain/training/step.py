@@ -1,0 +1,108 @@
+"""One optimizer step, and the one place that knows its arithmetic.
+
+An optimizer step sees micro-batches m = 1..k on ranks r = 1..W; the objective returns ``S_{r,m}`` (summed token
+cross-entropy) and ``N_{r,m}`` (number of targets). The step's loss is
+
+    L = sum_{r,m} S_{r,m} / N,    N = sum_{r,m} N_{r,m}
+
+which is *not* the mean of per-micro-batch means when the target counts vary (MLM, span corruption, padding).
+Lightning's automatic optimisation runs the loop (it composes with DDP, FSDP2 and DeepSpeed alike); every
+quantity of it is here, in the order it happens (torchtitan's ``train_step`` reads the same)::
+
+    for m in 1..k:                                  # StepGroups: the k micro-batches, tagged with n_r = sum_m N_{r,m}
+        seed dropout from (seed, step, m, rank)     # dropout_seed: a resumed run replays the same masks
+        N = all_reduce_sum(n_r)                     # StepLoss.begin, once per step (m = 1)
+        S = objective.loss(model(x_m), y_m)
+        backward(S * k * W / N)                     # StepLoss.add; Lightning divides by k, data parallelism by W
+    S_sum, bad = all_reduce_sum([sum_m S, nonfinite(grads)])   # StepGuard: one collective
+    optimizer.step(found_inf=bad or spike)          # skipped on the device, no host read
+    L = S_sum / N                                   # read back once the step ends (guards.py)
+
+so the accumulated gradient is exactly the gradient of L -- the same as one pass over the whole global batch.
+``StepLoss`` publishes ``S`` and ``N`` of the running step for every consumer (guards, logging). Intervals in
+the config count optimizer steps; :func:`micro_batches` converts them to Lightning's micro-batch counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from objectives import IGNORE_INDEX
+
+STEP_TARGETS = (
+    "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step
+)
+
+
+def micro_batches(steps: int, accumulate: int) -> int:
+    """Lightning's count of micro-batches (``batch_idx``) for ``steps`` optimizer steps."""
+    return steps * accumulate
+
+
+def starts_step(batch_idx: int, accumulate: int) -> bool:
+    return batch_idx % accumulate == 0
+
+
+def ends_step(batch_idx: int, accumulate: int) -> bool:
+    return (batch_idx + 1) % accumulate == 0
+
+
+def dropout_seed(seed: int, step: int, micro_batch: int, rank: int) -> int:
+    """Seed of the global generator before micro-batch ``micro_batch`` of ``step`` on ``rank``."""
+    return int(np.random.SeedSequence([seed, step, micro_batch, rank]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class StepGroups:
+    """Micro-batches of ``loader`` in groups of ``k`` (one optimizer step), each tagged with the group's number
+    of targets (``labels != -100``). A trailing incomplete group is dropped so every step has k micro-batches."""
+
+    def __init__(self, loader: Iterable[dict[str, Tensor]], k: int):
+        self.loader, self.k = loader, k
+        self.sampler = getattr(loader, "sampler", None)  # Lightning calls sampler.set_epoch
+
+    def __len__(self) -> int:
+        return len(self.loader) // self.k * self.k
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        batches = iter(self.loader)
+        while len(group := list(itertools.islice(batches, self.k))) == self.k:
+            count = sum((b["labels"] != IGNORE_INDEX).sum() for b in group)
+            for batch in group:
+                yield {**batch, STEP_TARGETS: count}
+
+
+class StepLoss:
+    """The running optimizer step's loss terms: ``loss_sum`` (this rank's ``sum_m S_m``, detached, (,)) and
+    ``num_targets`` (the global N, (,)), on the device; and the loss each micro-batch backpropagates.
+
+    ``multiplier`` is k * W (undoing Lightning's division by k and data-parallel averaging over W), times k
+    again where the engine divides by its accumulation steps once more (DeepSpeed)."""
+
+    def __init__(self, accumulate: int, world_size: int, reduce: Callable[[Tensor], Tensor], twice: bool):
+        self.accumulate, self.reduce = accumulate, reduce
+        self.multiplier = accumulate * world_size * (accumulate if twice else 1)
+        self.loss_sum: Tensor | None = None
+        self.num_targets: Tensor | None = None
+
+    def begin(self, local_targets: Tensor) -> None:
+        """First micro-batch of a step: N = the all-reduced count of the step's targets."""
+        self.num_targets = self.reduce(local_targets.clone())
+        self.loss_sum = torch.zeros((), device=local_targets.device)
+
+    def add(self, loss_sum: Tensor) -> Tensor:
+        """Record ``S_m`` and return what micro-batch m backpropagates: ``S_m * multiplier / N``."""
+        assert self.num_targets is not None and self.loss_sum is not None
+        self.loss_sum = self.loss_sum + loss_sum.detach().float()
+        return loss_sum * self.multiplier / self.num_targets.clamp_min(1)
+
+    def add_mean(self, mean: Tensor) -> Tensor:
+        """For a module minimising each micro-batch's mean loss (the baselines): the step's loss is the mean of
+        the k * W means, each micro-batch counting as one target (``begin`` with a count of k)."""
+        assert self.loss_sum is not None
+        self.loss_sum = self.loss_sum + mean.detach().float()
+        return mean

@@ -1,0 +1,193 @@
+"""Bad input that used to slip through (issue 15): each case gives one clear line and exit status 2 before any
+heavy work, or repairs the damage it used to take silently. The full-disk save is in ``test_guards.py``."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import pytest
+import torch
+import yaml
+from training_utils import CORPUS, REPO_ROOT, tiny_recipe
+
+from datamodules.prepare import prepare
+from pretrain.cli import main
+
+GPT_TINY = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
+
+
+def pretrain(capsys, *args) -> tuple[int, str, str]:
+    status = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def one_error_line(capsys, *args) -> str:
+    """The one ``pretrain VERB: error: ...`` line of a run that exits 2 with no traceback (progress bars aside)."""
+    status, _, err = pretrain(capsys, *args)
+    lines = [line for line in err.splitlines() if line.startswith(f"pretrain {args[0]}: error: ")]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tiny_world):  # noqa: F811
+    """A tiny GPT (learned positions, 64 of them) after one `pretrain fit` step."""
+    directory = tmp_path_factory.mktemp("trained")
+    recipe = tiny_recipe(directory, tiny_world, "gpt", trainer={"max_steps": 1, "val_check_interval": 100})
+    assert main(["fit", str(recipe)]) == 0
+    return directory / "run" / "checkpoints" / "last.ckpt"
+
+
+# ---------------------------------------------------------------------------------------- export
+def test_export_into_a_non_empty_directory_keeps_the_users_files(capsys, tmp_path, checkpoint):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("mine")
+    assert "is not empty" in one_error_line(capsys, "export", checkpoint, out)
+    assert (out / "config.json").read_text() == "mine"
+    status, stdout, _ = pretrain(capsys, "export", checkpoint, out, "--force")
+    assert status == 0 and "exported" in stdout and (out / "model.safetensors").is_file()
+
+
+def test_export_onto_a_file_is_an_error_not_a_success(capsys, tmp_path, checkpoint):
+    target = tmp_path / "model.bin"
+    target.write_text("mine")
+    assert "is a file" in one_error_line(capsys, "export", checkpoint, target)
+    assert target.read_text() == "mine"
+
+
+def test_export_into_a_read_only_directory(capsys, tmp_path, checkpoint, monkeypatch):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: the file system's answer to anyone else, simulated
+
+        def denied(*args, **kwargs):
+            raise PermissionError(errno.EACCES, "Permission denied", str(out))
+
+        monkeypatch.setattr("pretrain.training.cli.tempfile.TemporaryFile", denied)
+    assert "Permission denied" in one_error_line(capsys, "export", checkpoint, out)
+
+
+# ---------------------------------------------------------------------------------------- generate
+def test_generate_num_samples_zero(capsys, checkpoint):
+    assert "--num-samples must be >= 1" in one_error_line(capsys, "generate", checkpoint, "--num-samples", 0)
+
+
+def test_generate_beyond_the_position_table_is_refused_before_generating(capsys, checkpoint):
+    line = one_error_line(capsys, "generate", checkpoint, "--prompt", "ROMEO:", "--max-new-tokens", 200)
+    assert "exceeds the model's 64 positions" in line and "--max-new-tokens" in line
+    status, out, _ = pretrain(capsys, "generate", checkpoint, "--prompt", "ROMEO:", "--max-new-tokens", 8)
+    assert status == 0 and "ROMEO:" in out
+
+
+def test_generate_eos_not_in_the_vocabulary(capsys, checkpoint):
+    assert "'<nope>' is not in the tokenizer's vocabulary" in one_error_line(
+        capsys, "generate", checkpoint, "--eos", "<nope>"
+    )
+
+
+def test_unreadable_checkpoint_gives_no_unsafe_advice(capsys, tmp_path):
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save({"state": shutil.copy}, hostile)  # unpickling it would import and reference shutil.copy
+    line = one_error_line(capsys, "generate", hostile)
+    assert "weights-only load refuses" in line and "weights_only=False" not in line
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint" * 10)
+    line = one_error_line(capsys, "generate", garbage)
+    assert "unreadable" in line and "weights_only" not in line
+
+
+# ---------------------------------------------------------------------------------------- evaluate
+@pytest.mark.parametrize("limit", [-1, 0])
+def test_evaluate_limit_below_one(capsys, tmp_path, limit):
+    assert "limit must be >= 1" in one_error_line(
+        capsys, "evaluate", tmp_path / "x.ckpt", "--tasks", "copa", "--limit", limit
+    )
+
+
+# ---------------------------------------------------------------------------------------- recipes
+def test_malformed_recipe_yaml(capsys, tmp_path):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("name: x\ntrainer: {max_steps: 10\nseed: 1\n")
+    line = one_error_line(capsys, "fit", recipe)
+    assert "invalid YAML" in line and "broken.yaml, line 3" in line
+
+
+def test_objective_override_leaves_no_options_of_the_old_piece(capsys):
+    line = one_error_line(capsys, "fit", GPT_TINY, "objective.name=mlm", "--print-config")
+    assert "['document_masking']" in line and "~objective.options" in line
+    status, out, _ = pretrain(
+        capsys, "fit", GPT_TINY, "objective.name=mlm", "~objective.options", "--print-config"
+    )
+    assert status == 0 and yaml.safe_load(out)["objective"] == {"name": "mlm", "options": {}}
+
+
+def test_negative_learning_rate_is_named_before_the_run_directory_exists(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    line = one_error_line(capsys, "fit", GPT_TINY, "optim.lr=-1", f"run_dir={run_dir}")
+    assert "optim.lr must be > 0" in line and not run_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------- tokenizer / prepare
+def test_truncated_tokenizer_is_not_reused(capsys, tmp_path, tiny_world):  # noqa: F811
+    tokenizer = tmp_path / "tokenizer.json"
+    text = tiny_world["tokenizer"].read_text()
+    tokenizer.write_text(text[: len(text) // 2])
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", tokenizer={"path": str(tokenizer)})
+    assert "--force" in one_error_line(capsys, "tokenizer", recipe)
+
+
+def test_invalid_utf8_hint_names_the_recipe_key(capsys, tmp_path, tiny_world):  # noqa: F811
+    corpus = tmp_path / "bad.txt"
+    corpus.write_bytes(CORPUS.read_bytes()[:20_000] + b"\nbad \xff byte\n\n" + CORPUS.read_bytes()[:20_000])
+    data = {"sources": [{"name": "bad", "text": [str(corpus)], "prepared": str(tmp_path / "prepared")}]}
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", data=data)
+    line = one_error_line(capsys, "prepare", recipe)
+    assert "bad.txt:" in line and "data.on_invalid_utf8=replace" in line
+    status, _, _ = pretrain(capsys, "prepare", recipe, "data.on_invalid_utf8=replace")
+    assert status == 0
+
+
+def test_empty_validation_hint_names_the_recipe_key(tmp_path, tiny_world):  # noqa: F811
+    from datamodules.pretrain import PretrainDataModule
+    from objectives import build
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS.read_text()[:20_000])
+    prepare([corpus], tiny_world["tokenizer"], tmp_path / "data", val_fraction=0.0, progress=False)
+    from datamodules.tokenizer import load_tokenizer
+
+    objective = build("clm", load_tokenizer(tiny_world["tokenizer"]))
+    data = PretrainDataModule(tmp_path / "data", objective, seq_len=32, micro_batch_size=2, val_batches=2)
+    with pytest.raises(ValueError, match="trainer.limit_val_batches=0"):
+        data.setup("fit")
+
+
+def test_truncated_train_bin_is_rebuilt_not_a_cache_hit(tmp_path, tiny_world):  # noqa: F811
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS.read_text()[:20_000])
+    out = tmp_path / "data"
+    first = prepare([corpus], tiny_world["tokenizer"], out, val_fraction=0.1, progress=False)
+    size = (out / "train.bin").stat().st_size
+    with open(out / "train.bin", "r+b") as f:
+        f.truncate(size - 20)  # a whole number of tokens: the sizes alone look plausible
+    with pytest.warns(UserWarning, match="damaged"):
+        again = prepare([corpus], tiny_world["tokenizer"], out, val_fraction=0.1, progress=False)
+    assert not again["cache_hit"] and (out / "train.bin").stat().st_size == size
+    assert again["splits"] == first["splits"]
+
+
+def test_prepare_removes_what_killed_runs_left(tmp_path, tiny_world):  # noqa: F811
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS.read_text()[:5_000])
+    leftovers = [tmp_path / ".data.tmp-0badf00d", tmp_path / ".data.old-0badf00d"]
+    for leftover in leftovers:
+        leftover.mkdir()
+        (leftover / "train.bin").write_bytes(b"\0" * 100)
+    prepare([corpus], tiny_world["tokenizer"], tmp_path / "data", val_fraction=0.1, progress=False)
+    assert not any(p.exists() for p in leftovers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "data"]

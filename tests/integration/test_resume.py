@@ -1,0 +1,163 @@
+"""Exact resume: SIGKILL at a random step + `resume=auto` ends bitwise equal to an uninterrupted run (dropout on);
+a truncated newest checkpoint falls back to the previous one; the W&B run keeps its id across the restart."""
+
+from __future__ import annotations
+
+import random
+import signal
+
+import pytest
+import torch
+from training_utils import (  # noqa: F401
+    Background,
+    fit_and_kill,
+    fit_and_signal,
+    launch_losses,
+    metric_by_step,
+    model_weights,
+    read_metrics,
+    run_cli,
+    tiny_recipe,
+    wandb_records,
+)
+
+MAX_STEPS = 8
+
+
+def resume_recipe(directory, world, kind: str, **sections):
+    directory.mkdir()
+    return tiny_recipe(
+        directory,
+        world,
+        kind,
+        model={"dropout": 0.1, **({"attn_dropout": 0.1} if kind == "bert" else {})},
+        trainer={
+            "max_steps": MAX_STEPS,
+            "val_check_interval": MAX_STEPS // 2,  # the last step validates, whichever launch runs it
+            "log_every_n_steps": 1,
+            **sections.pop("trainer", {}),
+        },
+        checkpoint={"every_n_steps": 1, "save_top_k": 1, **sections.pop("checkpoint", {})},
+        **sections,
+    )
+
+
+def assert_same_weights(a, b) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume"
+
+
+def check_wandb(run_dir, killed_at: int) -> None:
+    """Two launches -> two offline run directories with one run id; config and metrics recorded."""
+    files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2
+    ids = {f.stem.removeprefix("run-") for f in files}
+    assert len(ids) == 1
+    records = [wandb_records(f) for f in files]
+    runs = [r.run for rs in records for r in rs if r.WhichOneof("record_type") == "run"]
+    assert {r.run_id for r in runs} == ids and {r.run_group for r in runs} == {"g"}
+    config = {item.key: item.value_json for item in runs[-1].config.update}
+    assert '"decoder"' in config["model"] and config["name"] == '"tiny-gpt"'  # the resolved config
+    logged = [
+        {(i.key or "/".join(i.nested_key)): i.value_json for i in r.history.item}
+        for r in records[1]
+        if r.WhichOneof("record_type") == "history"
+    ]
+    steps = sorted(int(h["trainer/global_step"]) for h in logged if "train/loss" in h)
+    assert steps and steps[0] >= killed_at and steps[-1] == MAX_STEPS - 1  # the second launch continues
+    assert any("val/loss" in h for h in logged)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "accumulate"), [("gpt", 1), ("bert", 2), ("t5", 1)])
+def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, accumulate):  # noqa: F811
+    wandb = {"logger": {"wandb": {"enabled": True, "group": "g"}}} if kind == "gpt" else {}
+    full = resume_recipe(tmp_path / "full", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate})
+    reference = Background("fit", str(full), log=tmp_path / "full.log")  # runs alongside the killed one
+    killed = resume_recipe(
+        tmp_path / "killed", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate}, **wandb
+    )
+    step = fit_and_kill(
+        killed, tmp_path / "killed" / "run", kill_at_step=random.Random(0).randint(2, MAX_STEPS - 3)
+    )
+    assert step < MAX_STEPS
+    out = run_cli("fit", str(killed))  # resume=auto is the default
+    assert f"steps: {MAX_STEPS}" in out.stdout
+    reference.wait()
+    assert_same_weights(
+        model_weights(tmp_path / "full/run/checkpoints/last.ckpt"),
+        model_weights(tmp_path / "killed/run/checkpoints/last.ckpt"),
+    )
+    # the resumed launch (the newest CSV) logged the uninterrupted run's losses from its checkpoint step on
+    full_loss = metric_by_step(read_metrics(tmp_path / "full/run"), "train/loss")
+    resumed = metric_by_step(read_metrics(tmp_path / "killed/run", newest_only=True), "train/loss")
+    assert step <= min(resumed) and max(resumed) == MAX_STEPS - 1  # resumed, not restarted
+    assert resumed == {s: full_loss[s] for s in resumed}
+    if wandb:
+        check_wandb(tmp_path / "killed" / "run", step)
+
+
+def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_path, tiny_world):  # noqa: F811
+    recipe = resume_recipe(
+        tmp_path / "run",
+        tiny_world,
+        "gpt",
+        trainer={"max_steps": 4, "val_check_interval": 2},
+        checkpoint={"every_n_steps": 100, "save_top_k": 2},
+    )
+    run_cli("fit", str(recipe))
+    checkpoints = tmp_path / "run/run/checkpoints"
+    reference = model_weights(checkpoints / "last.ckpt")
+    newest = [checkpoints / "last.ckpt", *checkpoints.glob("best-step4-*.ckpt")]
+    assert len(newest) == 2 and len(list(checkpoints.glob("best-step2-*.ckpt"))) == 1
+    for path in newest:  # a disk crash cut both checkpoints of step 4
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    out = run_cli("fit", str(recipe))
+    assert "last.ckpt, which is truncated or corrupt" in out.stderr
+    assert "steps: 4" in out.stdout
+    assert_same_weights(reference, model_weights(checkpoints / "last.ckpt"))  # steps 3-4 redone identically
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2])
+def test_extended_then_preempted_run_equals_one_uninterrupted_run(tmp_path, tiny_world, devices):  # noqa: F811
+    """A finished 4-step run extended to 16 steps (its end-of-fit checkpoint is mid-epoch) continues the data;
+    SIGTERM mid-way (to rank 0 only under DDP: the ranks agree) saves after the step, exits 143 with a resume
+    hint, and `resume=auto` finishes. Every launch logs the uninterrupted run's losses; the weights end equal."""
+    steps = 16
+    ddp = {"strategy": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}}} if devices > 1 else {}
+    recipes = {
+        name: resume_recipe(
+            tmp_path / name,
+            tiny_world,
+            "gpt",
+            optim={"decay_steps": steps},  # the schedule does not depend on the launch's max_steps
+            trainer={"devices": devices, "max_steps": steps},
+            checkpoint={"save_top_k": 0},
+            **ddp,
+        )
+        for name in ("full", "resumed")
+    }
+    reference = Background("fit", str(recipes["full"]), log=tmp_path / "full.log")
+    run_dir = tmp_path / "resumed" / "run"
+    outputs = [run_cli("fit", str(recipes["resumed"]), "trainer.max_steps=4")]
+    step, status, output = fit_and_signal(recipes["resumed"], run_dir, 6, signal.SIGTERM, whole_group=False)
+    assert status == 128 + signal.SIGTERM, output
+    assert "stopped by SIGTERM after step" in output and "continue with: pretrain fit" in output
+    outputs.append(run_cli("fit", str(recipes["resumed"])))
+    assert f"steps: {steps}" in outputs[-1].stdout
+    reference.wait()
+    full = launch_losses(tmp_path / "full" / "run")[0]
+    launches = launch_losses(run_dir)
+    assert [min(launch) for launch in launches] == [0, 4, max(launches[1]) + 1]  # each continues the last
+    assert max(launches[1]) + 1 >= step  # saved after the step during which the signal arrived
+    for launch in launches:
+        assert launch == {s: full[s] for s in launch}
+    assert sorted(s for launch in launches for s in launch) == list(range(steps))
+    assert_same_weights(
+        model_weights(tmp_path / "full/run/checkpoints/last.ckpt"),
+        model_weights(run_dir / "checkpoints/last.ckpt"),
+    )
+    assert not any("not resumable" in out.stderr for out in outputs) and "not resumable" not in output

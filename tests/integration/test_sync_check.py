@@ -1,0 +1,82 @@
+"""``trainer.sync_check=error``: a step that does not log reads nothing back from the device, for every family x
+objective, in one process (CPU counting mode) and under DDP and FSDP (2 gloo ranks), through the real Trainer with
+the project's callbacks (guards, hang watchdog, throughput monitor, checkpoints, CSV logger, progress bar); and a
+host read in a user callback stops the run, naming the op and its file:line."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+
+import pytest
+from lightning.pytorch.callbacks import Callback
+from training_utils import REPO_ROOT, cli_command, cli_env, tiny_recipe, tiny_world  # noqa: F401
+
+from pretrain import config
+from pretrain.training.host_sync import HostSyncError, SyncCheck
+from pretrain.training.setup import prepare_run
+from pretrain.training.trainer import build_trainer
+
+# 4 steps, logging on step 2 only: steps 0, 1 and 3 are checked
+TRAINER = {"max_steps": 4, "log_every_n_steps": 3, "val_check_interval": 2, "progress_bar": True}
+OBJECTIVES = {
+    "clm": ("gpt", {}),
+    "prefix_lm": ("gpt", {"arch": "decoder"}),
+    "mlm": ("bert", {}),
+    "span_corruption": ("t5", {}),
+    "ul2": ("t5", {"input_length": 32}),
+}
+
+
+def recipe(tmp_path, world, objective: str, **trainer):
+    kind, options = OBJECTIVES[objective]
+    return tiny_recipe(
+        tmp_path,
+        world,
+        kind,
+        objective={"name": objective, "options": options},
+        trainer={**TRAINER, "sync_check": "error", **trainer},
+        checkpoint={"every_n_steps": 2, "save_top_k": 1},
+    )
+
+
+def fit(path, callbacks=()) -> SyncCheck:
+    run, resolved = config.load(path)
+    parts = prepare_run(run, resolved)
+    trainer = build_trainer(run, resolved, callbacks=list(callbacks))
+    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    return next(cb for cb in trainer.callbacks if isinstance(cb, SyncCheck))
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_steps_that_do_not_log_read_nothing_from_the_device(tmp_path, tiny_world, objective):  # noqa: F811
+    check = fit(recipe(tmp_path, tiny_world, objective))
+    assert check.checked_steps == 3 and not check.counts
+
+
+class ReadsTheLoss(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.loss = outputs["loss"].item()
+
+
+def test_an_item_in_a_user_callback_stops_the_run_naming_its_line(tmp_path, tiny_world):  # noqa: F811
+    line = inspect.getsourcelines(ReadsTheLoss.on_train_batch_end)[1] + 1
+    with pytest.raises(HostSyncError, match=rf"Tensor\.item\(\) at .*test_sync_check\.py:{line} .* step 0"):
+        fit(recipe(tmp_path, tiny_world, "clm"), callbacks=[ReadsTheLoss()])
+
+
+@pytest.mark.parametrize(("strategy", "objective"), [("ddp", "clm"), ("fsdp", "span_corruption")])
+def test_two_ranks_read_nothing_from_the_device(tmp_path, tiny_world, strategy, objective):  # noqa: F811
+    path = recipe(tmp_path, tiny_world, objective, devices=2, progress_bar=False)
+    backend = ["strategy.ddp.process_group_backend=gloo"] if strategy == "ddp" else []
+    proc = subprocess.run(
+        cli_command("fit", str(path), f"strategy.name={strategy}", *backend),
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "sync_check=error: 3 steps that do not log checked (rank 0); host reads: none" in proc.stdout + proc.stderr

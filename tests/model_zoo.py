@@ -1,0 +1,76 @@
+"""Tiny-model presets shared by several test modules (configuration dicts for ``ModelConfig``)."""
+
+VARIANTS = {
+    "gpt": {"arch": "decoder"},
+    "llama": {
+        "arch": "decoder",
+        "norm": "rmsnorm",
+        "norm_bias": False,
+        "position": "rope",
+        "activation": "swiglu",
+        "n_kv_head": 1,
+        "mlp_bias": False,
+        "attn_bias": False,
+        "tie_embeddings": False,
+        "init": "bert",
+    },
+    "sinusoidal": {
+        "arch": "decoder",
+        "position": "sinusoidal",
+        "norm_position": "post",
+        "activation": "relu",
+    },
+    "bert": {
+        "arch": "encoder",
+        "norm_position": "post",
+        "embedding_norm": True,
+        "type_vocab_size": 2,
+        "mlm_head_transform": True,
+        "lm_head_bias": True,
+        "activation": "gelu",
+        "init": "bert",
+    },
+    "t5": {
+        "arch": "encoder-decoder",
+        "norm": "rmsnorm",
+        "norm_bias": False,
+        "position": "relative",
+        "attn_scale": "none",
+        "activation": "geglu_tanh",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "init": "t5",
+        "logit_scale": 24**-0.5,
+        "n_decoder_layer": 3,
+    },
+}
+
+
+# tiny-model presets transformers can express too (GPT-2, Llama with GQA, T5); the lm-eval test shares them
+SCORING_ARCHS = {
+    "gpt": {"arch": "decoder", "position": "learned"},
+    "llama": {
+        "arch": "decoder",
+        "position": "rope",
+        "norm": "rmsnorm",
+        "norm_bias": False,
+        "n_kv_head": 2,
+        "activation": "swiglu",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "tie_embeddings": False,
+    },
+    "t5": {
+        "arch": "encoder-decoder",
+        "position": "relative",
+        "norm": "rmsnorm",
+        "norm_bias": False,
+        "activation": "relu",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "attn_scale": "none",
+        "init": "t5",
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+    },
+}

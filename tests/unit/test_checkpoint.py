@@ -1,0 +1,262 @@
+"""Checkpoint files: atomic writes, safe loading, `resume=auto` fallback, sharded consolidation, inference."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
+from pretrain.training.checkpoint.convert import (
+    consolidate,
+    load_model,
+    optimizer_state_by_name,
+    optimizer_state_by_position,
+)
+from pretrain.training.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read, replace_path
+from pretrain.training.checkpoint.resume import check_compatible, find_resume, is_valid
+
+CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
+
+
+def lightning_like(step: int, model: Transformer | None = None) -> dict:
+    model = model or Transformer(CONFIG)
+    return {
+        "global_step": step,
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+        PAYLOAD: {
+            "config": {"model": dataclasses.asdict(CONFIG)},
+            "tokenizer_json": None,
+            "wandb_run_id": "abc",
+        },
+    }
+
+
+def save(path: Path, step: int, mtime: int) -> Path:
+    AtomicCheckpointIO().save_checkpoint(lightning_like(step), path)
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+    with pytest.raises(Exception):  # noqa: B017 - pickling a lambda fails inside torch.save
+        io.save_checkpoint({"step": 2, "fn": lambda: 0}, path)
+    assert io.load_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left behind
+
+
+def test_read_is_weights_only(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"x": Evil()}, tmp_path / "evil.ckpt")
+    with pytest.raises(ValueError, match="weights-only load refuses") as err:
+        read(tmp_path / "evil.ckpt")
+    assert "weights_only=False" not in str(err.value)  # torch's advice would run the file's code
+    with pytest.raises(FileNotFoundError):
+        read(tmp_path / "missing.ckpt")
+
+
+def test_validity_detects_truncation_and_flipped_bytes(tmp_path):
+    good = save(tmp_path / "a.ckpt", 1, 1)
+    assert is_valid(good)
+    cut = save(tmp_path / "b.ckpt", 1, 1)
+    truncate(cut)
+    assert not is_valid(cut)
+    flipped = save(tmp_path / "c.ckpt", 1, 1)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a tensor record: only the zip CRC notices
+    flipped.write_bytes(bytes(data))
+    assert not is_valid(flipped)
+
+
+def test_find_resume_falls_back_from_a_truncated_newest(tmp_path):
+    assert find_resume(tmp_path / "none") is None
+    assert find_resume(tmp_path) is None
+    save(tmp_path / "best-step2.ckpt", 2, 100)
+    save(tmp_path / "step4.ckpt", 4, 200)
+    newest = save(tmp_path / "last.ckpt", 6, 300)
+    (tmp_path / ".last.ckpt.x1.tmp").write_bytes(b"partial")  # a crash mid-save leaves this: ignored
+    assert find_resume(tmp_path) == newest
+    truncate(newest)
+    with pytest.warns(UserWarning, match="last.ckpt, which is truncated or corrupt"):
+        assert find_resume(tmp_path) == tmp_path / "step4.ckpt"
+
+
+def test_find_resume_picks_the_highest_step_not_the_newest_write(tmp_path):
+    """A DeepSpeed directory keeps the modification time of its first save; Lightning's HPC checkpoints (in
+    the run directory) are candidates; a sharded directory without its metadata is a partial save."""
+    checkpoints = tmp_path / "checkpoints"
+    deepspeed = checkpoints / "last.ckpt"  # the layout of Lightning's DeepSpeedStrategy.save_checkpoint
+    (deepspeed / "checkpoint").mkdir(parents=True)
+    torch.save({"global_step": 8, "module": {}}, deepspeed / "checkpoint" / "mp_rank_00_model_states.pt")
+    (deepspeed / "latest").write_text("checkpoint")
+    os.utime(deepspeed, (100, 100))
+    save(checkpoints / "best-step4.ckpt", 4, 500)
+    partial = checkpoints / "best-step9.ckpt"  # killed while its shards were written: no `latest` yet
+    (partial / "checkpoint").mkdir(parents=True)
+    with pytest.warns(UserWarning, match="best-step9.ckpt, which is truncated or corrupt"):
+        assert find_resume(checkpoints, hpc_dir=tmp_path) == deepspeed
+    hpc = save(tmp_path / "hpc_ckpt_1.ckpt", 9, 50)
+    save(tmp_path / "unrelated.ckpt", 20, 600)  # only hpc_ckpt_* of the run directory are candidates
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert find_resume(checkpoints, hpc_dir=tmp_path) == hpc
+        assert find_resume(checkpoints) == deepspeed
+
+
+def test_find_resume_reads_the_step_of_an_fsdp_sharded_directory(tmp_path):
+    sharded = tmp_path / "last.ckpt"
+    sharded.mkdir()
+    AtomicCheckpointIO().save_checkpoint(lightning_like(7), sharded / METADATA)
+    (sharded / ".metadata").write_bytes(b"")
+    os.utime(sharded, (100, 100))
+    save(tmp_path / "best-step3.ckpt", 3, 500)
+    assert find_resume(tmp_path) == sharded
+
+
+def test_find_resume_with_no_valid_checkpoint_is_an_error(tmp_path):
+    truncate(save(tmp_path / "last.ckpt", 1, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="no valid checkpoint"):
+            find_resume(tmp_path)
+
+
+def test_check_compatible_names_the_differences():
+    saved = dataclasses.asdict(CONFIG)
+    check_compatible(saved, dict(saved), "x.ckpt")
+    other = dataclasses.asdict(dataclasses.replace(CONFIG, arch="encoder", d_model=32))
+    with pytest.raises(ValueError, match=r"model.arch: checkpoint 'decoder' vs config 'encoder'.*d_model"):
+        check_compatible(saved, other, "x.ckpt")
+
+
+def test_consolidate_an_fsdp_sharded_checkpoint(tmp_path):
+    """The FSDP layout: torch.distributed.checkpoint shards of weights and name-keyed optimizer state + meta.pt for
+    the rest; consolidated into a single-process checkpoint (optimizer state numbered in group order)."""
+    full = lightning_like(3)
+    directory = tmp_path / "last.ckpt"
+    weights = full.pop("state_dict")
+    a, b = "model.embed.tok.weight", "model.final_norm.weight"
+    moments = {a: {"exp_avg": torch.ones(2)}, b: {"exp_avg": torch.zeros(3)}}
+    groups = [{"lr": 0.1, "params": [b]}, {"lr": 0.2, "params": [a]}]
+    shards = {"state_dict": weights, "optimizer_0": {"state": moments, "param_groups": groups}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no process group: single-process save
+        dcp.save(shards, checkpoint_id=directory)
+    assert not is_valid(directory)  # shards without meta.pt: incomplete
+    torch.save({k: v for k, v in full.items() if k != "optimizer_states"}, directory / METADATA)
+    assert is_valid(directory)
+    single = consolidate(directory, tmp_path / "single.ckpt")
+    merged = read(single)
+    assert merged["global_step"] == 3 and merged[PAYLOAD]["wandb_run_id"] == "abc"
+    for key, value in weights.items():
+        assert torch.equal(merged["state_dict"][key], value)
+    optimizer = merged["optimizer_states"][0]
+    assert [g["params"] for g in optimizer["param_groups"]] == [[0], [1]]
+    assert [g["lr"] for g in optimizer["param_groups"]] == [0.1, 0.2]
+    assert torch.equal(optimizer["state"][0]["exp_avg"], torch.zeros(3))
+    assert (
+        optimizer_state_by_position(optimizer_state_by_name(optimizer, *named_optimizer(a, b))) == optimizer
+    )
+    model, info, tokenizer = load_model(directory)  # inference straight from the sharded directory
+    assert tokenizer is None and info["wandb_run_id"] == "abc"
+    assert torch.equal(model.state_dict()["embed.tok.weight"], weights["model.embed.tok.weight"])
+
+
+def named_optimizer(a: str, b: str) -> tuple[torch.optim.Optimizer, torch.nn.Module]:
+    """An optimizer whose groups list parameter ``b`` then ``a`` of a module (names relative to it)."""
+    module = torch.nn.Module()
+    for name in (a, b):
+        *parents, leaf = name.split(".")
+        owner = module
+        for parent in parents:
+            if not hasattr(owner, parent):
+                owner.add_module(parent, torch.nn.Module())
+            owner = getattr(owner, parent)
+        owner.register_parameter(leaf, torch.nn.Parameter(torch.zeros(1)))
+    params = dict(module.named_parameters())
+    optimizer = torch.optim.SGD([{"params": [params[b]], "lr": 0.1}, {"params": [params[a]], "lr": 0.2}])
+    return optimizer, module
+
+
+@pytest.mark.parametrize("old", ["file", "directory", None])
+def test_replace_path_swaps_in_a_complete_checkpoint(tmp_path, old):
+    """A sharded save lands by one rename: the new directory replaces a previous file or directory (or nothing),
+    and nothing of the old one or the temporary name is left."""
+    target = tmp_path / "last.ckpt"
+    if old == "file":
+        target.write_text("old")
+    elif old == "directory":
+        (target / "sub").mkdir(parents=True)
+        (target / "sub" / "x").write_text("old")
+    new = tmp_path / ".last.ckpt.tmp"
+    new.mkdir()
+    (new / "meta.pt").write_text("new")
+    replace_path(new, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in target.iterdir()) == ["meta.pt"]
+
+
+def test_consolidate_rejects_other_directories(tmp_path):
+    with pytest.raises(ValueError, match="neither a checkpoint file nor a sharded"):
+        consolidate(tmp_path, tmp_path / "out.ckpt")
+
+
+def test_load_model_restores_weights_and_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    model = Transformer(CONFIG)
+    ckpt = lightning_like(1, model)
+    ckpt[PAYLOAD]["tokenizer_json"] = Tokenizer(models.BPE()).to_str()
+    AtomicCheckpointIO().save_checkpoint(ckpt, tmp_path / "m.ckpt")
+    loaded, _, tokenizer = load_model(tmp_path / "m.ckpt")
+    assert isinstance(tokenizer, Tokenizer) and not loaded.training
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+    torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
+    with pytest.raises(ValueError, match="not a checkpoint written by `pretrain fit`"):
+        load_model(tmp_path / "foreign.ckpt")
+
+
+def test_disk_full_frees_what_the_retention_policy_no_longer_keeps(tmp_path, monkeypatch):
+    """ENOSPC while a file the policy dropped is still on disk: it is deleted, the write retried and done.
+    With nothing to free, the error names the intact checkpoints and leaves them loadable."""
+    import errno
+
+    from pretrain.training.checkpoint import CheckpointWriteError
+
+    dropped, last = save(tmp_path / "best-step2-loss5.0000.ckpt", 2, 2), save(tmp_path / "last.ckpt", 3, 3)
+    real_save = torch.save
+
+    def full_disk_save(obj, f, *args, **kwargs):
+        if dropped.exists() or obj.get("step") == 5:  # full until `dropped` goes; step 5 never fits
+            f.write(b"\0" * 64)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    io = AtomicCheckpointIO(reclaimable=lambda: [dropped])
+    with pytest.warns(UserWarning, match="retention policy no longer keeps"):
+        io.save_checkpoint({"step": 4}, tmp_path / "best-step4-loss4.0000.ckpt")
+    assert not dropped.exists() and read(tmp_path / "best-step4-loss4.0000.ckpt")["step"] == 4
+    with pytest.raises(CheckpointWriteError, match="No space left on device.*intact.*last.ckpt") as err:
+        io.save_checkpoint({"step": 5}, last)
+    assert err.value.errno == errno.ENOSPC and read(last)["global_step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-step4-loss4.0000.ckpt", "last.ckpt"]

@@ -1,0 +1,96 @@
+"""Trainer assembly: precisions, loggers, callbacks (strategies: test_strategies.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+from pretrain import config
+from pretrain.training.checkpoint import AtomicCheckpointIO
+from pretrain.training.preemption import LastCheckpoint
+from pretrain.training.throughput import PeakThroughputMonitor
+from pretrain.training.trainer import build_loggers, build_trainer, wandb_mode
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+def load(*overrides: str, recipe: Path = GPT):
+    return config.load(recipe, list(overrides))
+
+
+def test_wandb_is_offline_unless_configured(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run, _ = load()
+    assert wandb_mode(run) == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode(run) == "online"
+    run, _ = load("logger.wandb.mode=offline")
+    assert wandb_mode(run) == "offline"
+
+
+def test_loggers(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run, resolved = load(
+        f"run_dir={tmp_path}", "logger.tensorboard=true", "logger.wandb.group=g", "logger.wandb.tags=[a,b]"
+    )
+    loggers = build_loggers(run, resolved, wandb_id="abcd1234")
+    assert [type(x) for x in loggers] == [WandbLogger, CSVLogger, TensorBoardLogger]
+    import os
+
+    assert os.environ["WANDB_MODE"] in ("offline", "dryrun")  # Lightning spells offline "dryrun"
+    wandb = loggers[0]
+    assert wandb._experiment is None  # nothing starts before training
+    assert wandb._wandb_init["config"] == resolved
+    assert (
+        wandb._id == "abcd1234"
+        and wandb._wandb_init["group"] == "g"
+        and wandb._wandb_init["tags"] == ["a", "b"]
+    )
+    assert wandb._wandb_init["name"] == "gpt-tiny"
+    assert Path(loggers[1].log_dir).parent == tmp_path / "logs"
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true", "16-mixed"])
+def test_trainer(tmp_path, precision):
+    run, resolved = load(
+        f"run_dir={tmp_path}",
+        f"trainer.precision={precision}",
+        "trainer.accumulate_grad_batches=4",
+        "trainer.val_check_interval=50",
+        "logger.wandb.enabled=false",
+    )
+    trainer = build_trainer(run, resolved)
+    assert trainer.precision == ("bf16-mixed" if precision == "16-mixed" else precision)  # no fp16 AMP on CPU
+    assert trainer.accumulate_grad_batches == 4
+    assert trainer.val_check_interval == 200  # 50 optimizer steps = 200 micro-batches
+    assert trainer.max_steps == run.trainer.max_steps
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    last = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
+    assert [(cb.path, cb.every_n_steps) for cb in last] == [
+        (run.checkpoint_dir / "last.ckpt", run.checkpoint.every_n_steps)
+    ]
+    best = [cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)]
+    assert [cb.monitor for cb in best] == ["val/loss"]
+    assert any(isinstance(cb, PeakThroughputMonitor) for cb in trainer.callbacks)
+
+
+def test_outside_retention_names_only_best_checkpoints_the_callback_dropped(tmp_path):
+    from types import SimpleNamespace
+
+    from pretrain.training.trainer import outside_retention
+
+    best = ModelCheckpoint(dirpath=tmp_path, filename="best-step{step}", monitor="val/loss", save_top_k=1)
+    last = ModelCheckpoint(dirpath=tmp_path, filename="last", save_top_k=0, save_last=True)
+    for name in ("best-step2.ckpt", "best-step4.ckpt", "last.ckpt", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    best.best_k_models = {str(tmp_path / "best-step4.ckpt"): 1.0}  # step 2 was the k-th best, now dropped
+    trainer = SimpleNamespace(checkpoint_callbacks=[best, last])
+    assert outside_retention(trainer) == [tmp_path / "best-step2.ckpt"]
