@@ -24,6 +24,7 @@ from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler, describe
 from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
+
 TARGET_POSITIONS = (
     "target_positions"  # (N,) flat indices of the labelled positions (sparse-target objectives)
 )

@@ -198,3 +198,117 @@ def test_coordinate_check_flat_under_mup_and_growing_under_standard(optim="adamw
             )
         else:
             assert (per_width[-1] / per_width[0]).max() > 2, f"standard did not grow: {per_width.tolist()}"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"tie_embeddings": False},
+        {"tie_embeddings": True},
+        {
+            "position": "rope",
+            "norm": "rmsnorm",
+            "norm_bias": False,
+            "activation": "swiglu",
+            "attn_bias": False,
+        },
+    ],
+    ids=["gpt2-untied", "gpt2-tied", "llama"],
+)
+def test_mup_exports_to_transformers_with_equal_logits(options):
+    """to_hf folds the 1/d_h attention scale and the 1/m logit multiplier into the weights."""
+    from pretrain.models.hf import to_hf
+
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(mup_config(128), **options)).eval()
+    assert model.config.width_mult == 2.0
+    for p in model.parameters():  # away from init, so every multiplier matters
+        p.data.normal_(0, 0.2)
+    ids = torch.randint(0, 64, (2, 16))
+    hf = to_hf(model).eval()
+    torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ recipe options
+def block_of(model: Transformer):
+    return model.decoder.blocks[0]
+
+
+def test_qk_norm_normalises_queries_and_keys_per_head():
+    """With qk_norm, scaling the q and k rows of the projection leaves the output unchanged (RMSNorm)."""
+    for qk_norm in (True, False):
+        torch.manual_seed(0)
+        attn = block_of(
+            Transformer(dataclasses.replace(MODELS["gpt"], qk_norm=qk_norm, attn_bias=False))
+        ).attn
+        x = torch.randn(2, 8, 32)
+        before = attn(x)
+        with torch.no_grad():
+            attn.qkv.weight[:64] *= 7.0  # q and k rows (h * d_h each)
+        change = float((attn(x) - before).norm() / before.norm())
+        assert (change < 1e-3) if qk_norm else (change > 0.1), change
+
+
+def test_relu2_mlp_is_relu_squared():
+    torch.manual_seed(0)
+    mlp = MLP(dataclasses.replace(MODELS["gpt"], activation="relu2"))
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(mlp(x), mlp.proj(torch.relu(mlp.fc(x)) ** 2))
+
+
+def test_zero_init_projections_start_every_residual_branch_at_zero():
+    model = Transformer(dataclasses.replace(MODELS["gpt"], zero_init_projections=True))
+    for block in model.decoder.blocks:
+        assert not block.attn.out.weight.any() and not block.mlp.proj.weight.any()
+        assert block.attn.qkv.weight.std() > 0.01
+    plain = Transformer(MODELS["gpt"])
+    assert plain.decoder.blocks[0].mlp.proj.weight.any()
+
+
+def test_fast_recipe_options_export_or_are_refused_in_one_line():
+    """relu2, untied head, zero-init: transformers GPT-2 computes the same logits; qk_norm: one-line refusal."""
+    from pretrain.models.hf import to_hf
+
+    torch.manual_seed(0)
+    options = {"activation": "relu2", "tie_embeddings": False, "zero_init_projections": True}
+    model = Transformer(dataclasses.replace(MODELS["gpt"], **options)).eval()
+    for block in model.decoder.blocks:  # trained away from zero
+        block.mlp.proj.weight.data.normal_(0, 0.1)
+    ids = torch.randint(0, 64, (2, 16))
+    torch.testing.assert_close(to_hf(model).eval()(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"^GPT2LMHeadModel cannot express this model: qk_norm=True") as err:
+        to_hf(Transformer(dataclasses.replace(MODELS["gpt"], qk_norm=True)))
+    assert "\n" not in str(err.value)
+
+
+def test_bad_muon_and_mup_settings_are_one_line_errors():
+    from pretrain.config.run import RunConfig, validate
+
+    base = dataclasses.asdict(RunConfig())
+    cases = [
+        (
+            {"optim": {"name": "muon"}, "strategy": {"name": "deepspeed"}},
+            "not supported with strategy deepspeed",
+        ),
+        ({"optim": {"name": "muon", "muon": {"ns_steps": 0}}}, "ns_steps in"),
+        (
+            {
+                "optim": {"name": "muon", "muon": {"adjust_lr": "match_rms_adamw"}},
+                "model": {"parametrization": "mup"},
+            },
+            "breaks muP transfer",
+        ),
+        ({"optim": {"schedule": "wsd", "cooldown_fraction": 0.0}}, "cooldown_fraction"),
+        ({"model": {"parametrization": "mu-p"}}, "parametrization must be one of"),
+    ]
+    for override, message in cases:
+        raw = copy.deepcopy(base)
+        for section, values in override.items():
+            for key, value in values.items():
+                if isinstance(value, dict):
+                    raw[section][key].update(value)
+                else:
+                    raw[section][key] = value
+        with pytest.raises(ValueError, match=message) as err:
+            validate(raw)
+        assert "\n" not in str(err.value)
