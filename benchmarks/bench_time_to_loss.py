@@ -117,12 +117,17 @@ def run_nanogpt(nanogpt: Path, args: argparse.Namespace, work: Path) -> dict:
         f"--eval_interval={args.eval_every}",
         f"--out_dir={work / 'nanogpt-out'}",
     ]
+    cached = work / "nanogpt.json"
+    if args.reuse_nanogpt and cached.exists():
+        return json.loads(cached.read_text())
     wall, cpu, lines = launch(cmd, nanogpt, args.threads, work / "nanogpt.log")
     curve = []
     for t, line in lines:
         if m := re.match(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", line):
             curve.append((t, int(m[1]), float(m[3])))
-    return {"wall": wall, "cpu": cpu, "curve": curve}
+    result = {"wall": wall, "cpu": cpu, "curve": curve}
+    cached.write_text(json.dumps(result))
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ pretrain
@@ -190,22 +195,22 @@ def pretrain_recipe(
                     "name": "shakespeare",
                     "text": [str(work / "train.txt")],
                     "prepared": str(work / "prepared"),
-                    "document": "file",
+                    "document": "blank_line",
                 }
             ],
             "seq_len": 64,
             "micro_batch_size": 12,
-            "val_fraction": 0.0,
+            "val_fraction": 0.01,
         },
         "optim": optim,
         "trainer": {
             "max_steps": args.iters,
-            "val_check_interval": args.iters + 1,
-            "limit_val_batches": 0,
+            "val_check_interval": args.iters,
+            "limit_val_batches": 1,
             "log_every_n_steps": 50,
             "progress_bar": False,
         },
-        "checkpoint": {"every_n_steps": args.eval_every, "save_top_k": -1, "monitor": None},
+        "checkpoint": {"every_n_steps": args.iters, "save_top_k": 0},
         "logger": {"wandb": {"enabled": False}, "csv": True},
     }
     path = work / f"{name}.yaml"
@@ -277,7 +282,7 @@ def time_to(curve: list[tuple[float, int, float]], target: float) -> tuple[float
 
 def shakespeare(args: argparse.Namespace, work: Path) -> dict:
     nanogpt = work / "nanoGPT"
-    shutil.copytree(args.nanogpt, nanogpt, ignore=shutil.ignore_patterns(".git", "data"))
+    shutil.copytree(args.nanogpt, nanogpt, ignore=shutil.ignore_patterns(".git", "data"), dirs_exist_ok=True)
     train, val = nanogpt_data(nanogpt)
     (work / "val.txt").write_text(val)
     tokenizer = char_tokenizer(work, train, args.threads)

@@ -15,7 +15,7 @@ from torch import nn
 from pretrain.config import OptimConfig
 from pretrain.config.run import MuonConfig
 from pretrain.models.config import ModelConfig
-from pretrain.models.transformer import Block, Transformer
+from pretrain.models.transformer import Transformer
 from pretrain.training.optim import build_optimizer
 
 CONFIG = ModelConfig(
@@ -56,7 +56,7 @@ def worker(rank: int, port: int, out: dict) -> None:
     """Trains DDP, then FSDP2, in one process group; rank 0 stores the full state dicts in ``out``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from pretrain.training.strategies import shard_blocks
+    from pretrain.training.strategies import shard_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -68,7 +68,7 @@ def worker(rank: int, port: int, out: dict) -> None:
             if kind == "ddp":
                 net = nn.parallel.DistributedDataParallel(model)
             else:  # FSDP2 as the fsdp strategy applies it: every block, then the backbone
-                shard_blocks(nn.ModuleList([model]), init_device_mesh("cpu", (2,)), (Block,))
+                shard_model(nn.ModuleList([model]), init_device_mesh("cpu", (2,)))
                 assert hasattr(model.decoder.blocks[0].attn.qkv.weight, "full_tensor")  # sharded
             train(model, (rank,), net)
             state = {k: getattr(v, "full_tensor", lambda v=v: v)() for k, v in model.state_dict().items()}
