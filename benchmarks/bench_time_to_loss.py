@@ -334,6 +334,7 @@ def main() -> None:
     p.add_argument("--muon-lr", type=float, default=0.02)
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "time_to_loss.png")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--reuse-nanogpt", action="store_true", help="reuse the nanoGPT run found in --work")
     p.add_argument(
         "--work", type=Path, default=None, help="keep the runs here (default: a temporary directory)"
     )
