@@ -1,7 +1,8 @@
 """``FinetuneDataModule``: labelled sentences or sentence pairs (GLUE layout) -> dynamically padded batches.
 
 Files are TSV (GLUE's layout: tab-separated, a header row, no quoting; headerless files such as CoLA name
-their columns "0", "1", ... by position) or JSON Lines (one object per line). A task names its text column(s)
+their columns "0", "1", ... by position), CSV (``.csv``: comma-separated, RFC 4180 quoting) or JSON Lines (one
+object per line). A task names its text column(s)
 and its label column (``GLUE_TASKS`` holds the GLUE defaults; any of them can be overridden).
 
 Encoding follows BERT: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with ``token_type_ids`` 0 for the first
@@ -67,7 +68,7 @@ def task_format(task: str) -> TaskFormat:
 
 
 def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
-    """``(column names, rows)`` of a TSV or JSONL file; ValueError names the file and line of a bad row."""
+    """``(column names, rows)`` of a TSV, CSV or JSONL file; ValueError names the file and line of a bad row."""
     rows: list[dict] = []
     if path.suffix in (".jsonl", ".json"):
         with open(path, encoding="utf-8") as f:
@@ -79,8 +80,9 @@ def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
                         raise ValueError(f"{path} line {line_no}: not valid JSON ({err})") from err
         columns = list(dict.fromkeys(key for row in rows for key in row))
         return columns, rows
+    comma = path.suffix == ".csv"  # RFC 4180 quoting; GLUE's .tsv files quote nothing
     with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig: MRPC starts with a BOM
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        reader = csv.reader(f) if comma else csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         lines = [line for line in reader if line]
     if not lines:
         return [], []
@@ -88,7 +90,8 @@ def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
     for line_no, line in enumerate(lines[1:] if header else lines, 2 if header else 1):
         if len(line) != len(columns):
             raise ValueError(
-                f"{path} line {line_no}: {len(line)} tab-separated fields, expected {len(columns)}"
+                f"{path} line {line_no}: {len(line)} {'comma' if comma else 'tab'}-separated fields, expected "
+                f"{len(columns)}"
             )
         rows.append(dict(zip(columns, line, strict=True)))
     return columns, rows
@@ -123,10 +126,13 @@ def _template(tokenizer: Tokenizer, pair: bool, template: str | None, overrides:
 
 class ShardSampler(Sampler[int]):
     """Positions ``rank, rank + W, ...`` of ``size`` in order: every example evaluated once over the W ranks
-    (DistributedSampler would pad with repeats)."""
+    (DistributedSampler would pad with repeats). Every rank yields ``ceil(size / W)`` positions: the missing ones
+    are ``size + j``, padding (``PaddedExamples``) whose outputs are discarded -- so every rank runs the same
+    number of forward passes, which sharded strategies (FSDP, ZeRO-3: a collective per forward) need."""
 
     def __init__(self, size: int, rank: int, world_size: int):
-        self.indices = range(rank, size, world_size)
+        self.indices = list(range(rank, size, world_size))
+        self.indices += range(size, size + -(-size // world_size) - len(self.indices))
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -135,30 +141,124 @@ class ShardSampler(Sampler[int]):
         return iter(self.indices)
 
 
-def data_parallel_loader(
-    datamodule: L.LightningDataModule, examples: list, shuffle: bool, collate: Any
-) -> DataLoader:
-    """Batches of ``datamodule.micro_batch_size`` for this data-parallel rank (the trainer's, else rank 0 of 1).
+class Padding(tuple):
+    """``(example,)``: a stand-in for a position past the end of the data (``ShardSampler``)."""
 
-    Training (``shuffle``): a permutation seeded by ``(seed, epoch)`` (``DistributedSampler``; Lightning calls
-    ``set_epoch``), rank r reading its positions r, r + W, ...: global batch t of W ranks with micro-batch b holds
-    the examples of batch t of one rank with batch W b. Evaluation: file order, each example once
-    (``ShardSampler``). Use with ``Trainer(use_distributed_sampler=False)``."""
-    trainer = datamodule.trainer
-    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-    if shuffle:
-        sampler: Sampler[int] = DistributedSampler(
-            examples, num_replicas=world, rank=rank, shuffle=True, seed=datamodule.seed, drop_last=True
+
+class PaddedExamples:
+    """``examples`` read at any position; positions past the end give ``Padding`` of an example."""
+
+    def __init__(self, examples: list):
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> Any:
+        return (
+            self.examples[i] if i < len(self.examples) else Padding((self.examples[i % len(self.examples)],))
         )
-    else:
-        sampler = ShardSampler(len(examples), rank, world)
-    return DataLoader(
-        examples,
-        batch_size=datamodule.micro_batch_size,
-        sampler=sampler,
-        num_workers=datamodule.num_workers,
-        collate_fn=collate,
-    )
+
+
+class MarkPadding:
+    """``collate`` of the real and padding examples alike, plus ``real`` (B,) bool: False for padding."""
+
+    def __init__(self, collate: Any):
+        self.collate = collate
+
+    def __call__(self, examples: list) -> dict[str, Any]:
+        real = [not isinstance(e, Padding) for e in examples]
+        batch = self.collate([e if r else e[0] for e, r in zip(examples, real, strict=True)])
+        batch["real"] = torch.tensor(real)
+        return batch
+
+
+class TrainOrder(Sampler[int]):
+    """Rank r's training positions of ``epoch``: the permutation seeded by ``(seed, epoch)``
+    (``DistributedSampler``, drop_last), from the ``start``-th on (``set_position``: resume mid-epoch)."""
+
+    def __init__(self, size: int, rank: int, world_size: int, seed: int):
+        self.order = DistributedSampler(
+            range(size), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.start = 0
+
+    def set_position(self, epoch: int, start: int) -> None:
+        self.order.set_epoch(epoch)
+        self.start = start
+
+    def __len__(self) -> int:
+        """Positions this rank reads in a whole epoch."""
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self.order)[self.start :])
+
+
+class ReceivedBatchesLoader(DataLoader):
+    """A training ``DataLoader`` whose every ``iter()`` starts after the batches the training loop has received
+    (``position.epoch``, ``position.batches``), not where its sampler or workers had read ahead to."""
+
+    def __init__(self, *args: Any, position: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.position = position
+
+    def __iter__(self) -> Any:
+        self.sampler.set_position(self.position.epoch, self.position.batches * self.batch_size)
+        return super().__iter__()
+
+
+class ShardedExamplesDataModule(L.LightningDataModule):
+    """Examples in memory, sharded over the data-parallel ranks, with an exact mid-epoch resume.
+
+    Training: rank r reads positions r, r + W, ... of a permutation seeded by ``(seed, epoch)``: global batch t
+    of W ranks with micro-batch b holds the examples of batch t of one rank with batch W b. Evaluation: file
+    order, each example once (``ShardSampler``; batches carry ``real``). The state saved in checkpoints is
+    ``(seed, epoch, batches)``: the training batches the loop has received in the epoch, counted in
+    ``on_after_batch_transfer`` (as ``datamodules.pretrain.PretrainDataModule`` does). Subclasses set
+    ``micro_batch_size``, ``num_workers``, ``seed``. Use with ``Trainer(use_distributed_sampler=False)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch, self.batches = 0, 0
+        self.epoch_batches = 0  # training batches per rank per epoch (set with the training loader)
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def sharded_loader(self, examples: list, shuffle: bool, collate: Any) -> DataLoader:
+        rank, world = self._ranks()
+        options = {"batch_size": self.micro_batch_size, "num_workers": self.num_workers}
+        if shuffle:
+            order = TrainOrder(len(examples), rank, world, self.seed)
+            self.epoch_batches = -(-len(order) // self.micro_batch_size)
+            return ReceivedBatchesLoader(
+                examples, sampler=order, collate_fn=collate, position=self, **options
+            )
+        shards = ShardSampler(len(examples), rank, world)
+        return DataLoader(
+            PaddedExamples(examples), sampler=shards, collate_fn=MarkPadding(collate), **options
+        )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning hook, called once per batch right before ``training_step``: count training batches."""
+        if self.trainer is not None and self.trainer.training:
+            self.batches += 1
+            if self.batches >= self.epoch_batches:
+                self.epoch, self.batches = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch, "batches": self.batches}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if int(state_dict["seed"]) != self.seed:
+            raise ValueError(
+                f"the data state was saved with seed={state_dict['seed']} but this run has seed={self.seed}; "
+                f"resume with seed={state_dict['seed']} to continue the same example order"
+            )
+        self.epoch, self.batches = int(state_dict["epoch"]), int(state_dict["batches"])
 
 
 class PaddingCollate:
@@ -183,7 +283,7 @@ class PaddingCollate:
         return batch
 
 
-class FinetuneDataModule(L.LightningDataModule):
+class FinetuneDataModule(ShardedExamplesDataModule):
     """Sentence(-pair) classification / regression batches from TSV or JSONL files.
 
     Args:
@@ -239,6 +339,12 @@ class FinetuneDataModule(L.LightningDataModule):
         pair = len(self.format.text_columns) == 2
         self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: we set its template and truncation
         self.tokenizer.post_processor = _template(self.tokenizer, pair, template, special_tokens)
+        added = self.tokenizer.post_processor.num_special_tokens_to_add(pair)
+        if max_length <= added:
+            raise ValueError(
+                f"max_length={max_length} leaves no room for text: the template adds {added} special tokens "
+                f"per example; raise max_length above {added}"
+            )
         self.tokenizer.enable_truncation(max_length)  # longest-first
         self.tokenizer.no_padding()
         self.pad_id = special_token_id(self.tokenizer, "pad", special_tokens)
@@ -260,6 +366,8 @@ class FinetuneDataModule(L.LightningDataModule):
         """Texts (str, or (str, str) pairs) and raw labels of one split, columns checked."""
         path, fmt = self.files[split], self.format
         columns, rows = read_table(path, fmt.header)
+        if not columns:
+            raise ValueError(f"{path} is empty; give a file with a header row and one example per line")
         missing = [c for c in (*fmt.text_columns, fmt.label_column) if c not in columns]
         if missing:
             raise ValueError(
@@ -281,6 +389,11 @@ class FinetuneDataModule(L.LightningDataModule):
         labels = [str(x) for x in labels]
         if self.label_names is None:
             self.label_names = _label_order(set(labels))
+            if len(self.label_names) < 2:
+                raise ValueError(
+                    f"{path}: every example has label {self.label_names[0]!r}; a classifier needs two or more "
+                    f"classes (check the file and label_column, or set regression=true for a numeric target)"
+                )
         index = {name: i for i, name in enumerate(self.label_names)}
         unseen = sorted(set(labels) - index.keys())
         if unseen:
@@ -305,10 +418,10 @@ class FinetuneDataModule(L.LightningDataModule):
         if split not in self.examples:
             self.setup("fit")
         collate = PaddingCollate(self.pad_id, self.format.regression)
-        return data_parallel_loader(self, self.examples[split], shuffle, collate)
+        return self.sharded_loader(self.examples[split], shuffle, collate)
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled by ``seed`` and sharded over the data-parallel ranks (see ``data_parallel_loader``)."""
+        """Shuffled by ``seed`` and sharded over the data-parallel ranks (see ``ShardedExamplesDataModule``)."""
         return self._loader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader | list:

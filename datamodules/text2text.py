@@ -18,13 +18,12 @@ import gzip
 import os
 from pathlib import Path
 
-import lightning as L
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from datamodules.finetune import data_parallel_loader, read_table, task_format
+from datamodules.finetune import ShardedExamplesDataModule, read_table, task_format
 
 IGNORE_INDEX = -100
 
@@ -129,7 +128,7 @@ class Text2TextCollate:
         return batch
 
 
-class Text2TextDataModule(L.LightningDataModule):
+class Text2TextDataModule(ShardedExamplesDataModule):
     """(source, target) text pairs -> padded encoder-decoder batches.
 
     Args:
@@ -182,7 +181,7 @@ class Text2TextDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.examples:
             self.setup("fit")
-        return data_parallel_loader(self, self.examples[split], shuffle, self.collate)
+        return self.sharded_loader(self.examples[split], shuffle, self.collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -12,18 +12,21 @@ later stages ``finetune``, ``evaluate`` and ``baseline``.
     pretrain evaluate runs/gpt-tiny/checkpoints/last.ckpt --tasks copa --num-fewshot 3 --data-root DIR
     pretrain baseline recipes/lstm-lm-tiny.yaml
 
-Recipe commands take ``key=value`` overrides after the recipe. Bad input exits with status 2 and one line
-naming the problem, before any heavy work. This module only parses and dispatches: each subcommand is a
+Recipe commands take ``key=value`` overrides after the recipe (then those of ``$PRETRAIN_OVERRIDES``, if set).
+Bad input exits with status 2 and one line naming the problem, before any heavy work (``pretrain.errors``; ``--debug`` or ``PRETRAIN_DEBUG=1``: the
+traceback). This module only parses and dispatches: each subcommand is a
 ``(module, add_arguments, handler, help)`` entry of ``COMMANDS``, and only the chosen one's module is imported.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import os
+import shlex
 import sys
+
+from pretrain.errors import debug_requested, run_verb
 
 # name -> (module, function adding its arguments, handler returning the exit status, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -93,6 +96,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; only ``command``'s module is imported (and its arguments added)."""
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debug", action="store_true", help="on an error, the full traceback (or PRETRAIN_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, add_arguments, handler, text) in COMMANDS.items():
         stage_parser = sub.add_parser(name, help=text, description=text)
@@ -103,16 +107,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# a full disk or a file the user may not write: one line, not a traceback
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-def _reportable(err: Exception) -> bool:
-    return isinstance(err, (ValueError, FileNotFoundError)) or getattr(err, "errno", None) in _STORAGE_ERRNOS
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    debug, argv = debug_requested(sys.argv[1:] if argv is None else argv)
     parser = build_parser(next((arg for arg in argv if not arg.startswith("-")), None))
     args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow --flags
     unknown = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
@@ -120,13 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    try:
-        return args.handler(args)
-    except (ValueError, FileNotFoundError, OSError) as err:
-        if os.environ.get("PRETRAIN_TRACEBACK") or not _reportable(err):
-            raise
-        print(f"pretrain {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    if hasattr(args, "overrides") and os.environ.get("PRETRAIN_OVERRIDES"):  # e.g. a short smoke run of a recipe
+        args.overrides = [*args.overrides, *shlex.split(os.environ["PRETRAIN_OVERRIDES"])]
+    return run_verb(args.command, args.handler, args, debug)
 
 
 if __name__ == "__main__":

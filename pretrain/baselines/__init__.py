@@ -20,7 +20,8 @@ Modules: ``config`` (the section's schema, ``load_config``), ``data`` (tokenizer
 ``seq2seq`` with ``heatmaps``), ``run`` (``run_recipe``) and ``cli`` (arguments only).
 
 A missing tokenizer is trained and missing prepared corpora are written first (as ``pretrain tokenizer`` and
-``pretrain prepare`` do). Runs use one device and start fresh. Outputs under ``run_dir``: Lightning
+``pretrain prepare`` do). Runs use one device and resume like ``pretrain fit`` (``resume=auto``: the run's newest
+checkpoint; ``resume=null``: fresh). Outputs under ``run_dir``: Lightning
 checkpoints and logs, ``results.json``; word vectors also ``vectors.txt`` (word2vec text format), seq2seq
 also ``alignments/*.png``.
 """

@@ -82,13 +82,33 @@ def token_sums(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
 def fit(
     run: RunConfig, resolved: dict[str, Any], module: BaselineModule, datamodule: L.LightningDataModule
 ) -> L.Trainer:
-    """Seed, build the run's Trainer (``pretrain.training.trainer.build_trainer``) and fit ``module``."""
+    """Seed, build the run's Trainer (``pretrain.training.trainer.build_trainer``) and fit ``module``, resuming as
+    ``run.resume`` says (``auto``: the run's newest valid checkpoint). A resume restores weights, optimizer and
+    step; the data position exactly where the datamodule keeps a state (SGNS's ``PretrainDataModule``), else the
+    data order restarts at its beginning."""
+    from pretrain.training.checkpoint import read
+    from pretrain.training.setup import resume_path
     from pretrain.training.trainer import build_trainer
 
+    ckpt = resume_path(run)
+    if ckpt is not None:
+        check_same_model(read(ckpt, mmap=True).get("state_dict", {}), module.state_dict(), ckpt)
     L.seed_everything(run.seed, verbose=False)
     trainer = build_trainer(run, resolved)
-    trainer.fit(module, datamodule=datamodule)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     return trainer
+
+
+def check_same_model(saved: dict[str, Tensor], current: dict[str, Tensor], path: Any) -> None:
+    """``ValueError`` when checkpoint weights ``saved`` do not fit the configured model (names or shapes)."""
+    differ = sorted(
+        k for k in saved.keys() | current.keys() if k not in saved or k not in current or saved[k].shape != current[k].shape
+    )
+    if differ:
+        raise ValueError(
+            f"checkpoint {path} holds another model ({len(differ)} weights differ, e.g. {differ[0]}); resume with "
+            f"the recipe it was trained with, or start fresh (resume=null, or another name)"
+        )
 
 
 def val_metrics(trainer: L.Trainer) -> dict[str, float]:

@@ -87,12 +87,25 @@ def compose(
         pieces = []
         for ref in body.pop("defaults", []) or []:
             group = Path(ref).parts[0]
-            pieces.append(
-                OmegaConf.create({group: OmegaConf.load(_piece_path(ref, recipe.parent, config_dir))})
-            )
-        return apply_overrides(OmegaConf.merge(*pieces, body), overrides)
+            path = _piece_path(ref, recipe.parent, config_dir)
+            if path.resolve() == recipe.resolve():
+                raise ValueError(
+                    f"{recipe}: its defaults list the recipe itself ({ref!r}); remove it (defaults name config "
+                    f"pieces, e.g. model/gpt-tiny)"
+                )
+            pieces.append(OmegaConf.create({group: OmegaConf.load(path)}))
+        merged = OmegaConf.create({})
+        for piece in [*pieces, body]:
+            clash = _shape_clash(merged, piece)
+            if clash:
+                raise ValueError(
+                    f"cannot compose {recipe}: {clash} is a list in one place and a mapping in another; write it "
+                    f"as the pieces do (data.sources is a YAML list: sources: [{{name: ..., text: [...]}}])"
+                )
+            merged = OmegaConf.merge(merged, piece)
+        return apply_overrides(merged, overrides)
     except (OmegaConfBaseException, TypeError) as err:
-        raise ValueError(f"cannot compose {recipe}: {err}") from err
+        raise ValueError(f"cannot compose {recipe}: {one_line(err)}") from err
     except yaml.YAMLError as err:
         raise ValueError(f"cannot compose {recipe}: {yaml_problem(err)}") from err
 
@@ -103,6 +116,46 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     return f"invalid YAML in {where}: {problem}"
+
+
+def one_line(err: BaseException) -> str:
+    """An OmegaConf error as one line: its message and the key it names (not its multi-line report)."""
+    text = (getattr(err, "msg", None) or str(err)).strip().splitlines()
+    key = getattr(err, "full_key", None)
+    return (f"{key}: " if key else "") + (text[0] if text else type(err).__name__)
+
+
+def _shape_clash(base: Any, update: Any, prefix: str = "") -> str | None:
+    """The first key that is a list in ``base`` and a mapping in ``update`` (or the reverse), if any."""
+    if not (OmegaConf.is_dict(base) and OmegaConf.is_dict(update)):
+        return None
+    for key in update:
+        if key not in base:
+            continue
+        a, b, path = base._get_node(key), update._get_node(key), f"{prefix}{key}"
+        if (OmegaConf.is_list(a) and OmegaConf.is_dict(b)) or (OmegaConf.is_dict(a) and OmegaConf.is_list(b)):
+            return path
+        found = _shape_clash(a, b, f"{path}.")
+        if found:
+            return found
+    return None
+
+
+def _list_address(config: Any, key: str) -> str | None:
+    """The problem when ``key`` walks into a list by a name instead of an index (``data.sources.name``)."""
+    node, parts = config, key.split(".")
+    for i, part in enumerate(parts[:-1] if len(parts) > 1 else []):
+        node = node.get(part) if OmegaConf.is_dict(node) else node[int(part)] if OmegaConf.is_list(node) else None
+        if node is None:
+            return None
+        nxt = parts[i + 1]
+        if OmegaConf.is_list(node) and not nxt.lstrip("-").isdigit():
+            head = ".".join(parts[: i + 1])
+            return (
+                f"{head} is a list; address an item by its index ({head}.0.{'.'.join(parts[i + 1 :])}=...) "
+                f"or give the whole list ({head}=[...])"
+            )
+    return None
 
 
 def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
@@ -121,18 +174,34 @@ def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")
+        problem = _list_address(merged, key)
+        if problem:
+            raise ValueError(f"override {item!r}: {problem}")
         try:
-            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
+            # ${...} stays an interpolation, resolved against the whole config below
+            parsed = value if "${" in value else OmegaConf.from_dotlist([f"v={value}"]).v
+            existing = OmegaConf.select(merged, key, default=None)
+            if OmegaConf.is_list(existing) and (isinstance(parsed, dict) or OmegaConf.is_dict(parsed)):
+                raise ValueError(
+                    f"override {item!r}: {key} is a list; give a list ({key}=[{{...}}]) or set one item's field "
+                    f"({key}.0.FIELD=VALUE)"
+                )
+            OmegaConf.update(merged, key, parsed, merge=True)
         except OmegaConfBaseException as err:
-            raise ValueError(f"override {item!r}: {err}") from err
-    return OmegaConf.to_container(merged, resolve=True)
+            raise ValueError(f"override {item!r}: {one_line(err)}") from err
+    try:
+        return OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ValueError(
+            f"cannot resolve {one_line(err)} (an interpolation ${{a.b}} names a config key, e.g. ${{model.d_model}})"
+        ) from err
 
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _check(value: Any, tp: Any, path: str) -> Any:
+def check_type(value: Any, tp: Any, path: str) -> Any:
     """Return ``value`` converted to ``tp`` (dataclasses built recursively); ``ValueError`` naming ``path`` otherwise."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -140,7 +209,7 @@ def _check(value: Any, tp: Any, path: str) -> Any:
             return None
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _check(value, arg, path)
+                return check_type(value, arg, path)
             except ValueError:
                 continue
         raise ValueError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
@@ -155,11 +224,11 @@ def _check(value: Any, tp: Any, path: str) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{path}: expected a list, got {value!r}")
-        return [_check(v, args[0] if args else Any, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [check_type(v, args[0] if args else Any, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{path}: expected a mapping, got {value!r}")
-        return {k: _check(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
+        return {k: check_type(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:
@@ -181,6 +250,15 @@ def _check(value: Any, tp: Any, path: str) -> Any:
     raise ValueError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
 
 
+def check_run_name(name: str) -> None:
+    """A run name is one path component (it names ``runs/<name>``); ``run_dir`` places a run anywhere."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(
+            f"name {name!r} must be a plain run name (no '/', '\\' or '..': it names the directory "
+            f"runs/<name>); to write the run elsewhere set run_dir=PATH"
+        )
+
+
 def structured(cls: type, node: Any, path: str = "") -> Any:
     """Dataclass ``cls`` from a plain dict, every key and type checked (see the module docstring)."""
     if not isinstance(node, dict):
@@ -195,7 +273,7 @@ def structured(cls: type, node: Any, path: str = "") -> Any:
             raise ValueError(
                 f"unknown config key {key!r} at {where}{hint} (valid keys of {path or 'the run'}: {sorted(fields)})"
             )
-    kwargs = {k: _check(v, hints[k], f"{path}.{k}" if path else k) for k, v in node.items()}
+    kwargs = {k: check_type(v, hints[k], f"{path}.{k}" if path else k) for k, v in node.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:

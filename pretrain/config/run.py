@@ -7,12 +7,13 @@ Recipes compose and validate through ``pretrain.config.compose``; the model sect
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from datamodules.corpus import document_mode
-from pretrain.config.compose import compose, structured
+from pretrain.config.compose import check_run_name, check_type, compose, structured
 from pretrain.models.config import ModelConfig
 
 ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
@@ -114,11 +115,15 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = 1.0
     val_check_interval: int = 200  # optimizer steps between validations
-    limit_val_batches: int = 20
+    limit_val_batches: int | None = 20  # None: the whole validation set
+    max_time_minutes: float | None = (
+        None  # wall-clock budget for training (then the run ends as at max_steps)
+    )
     log_every_n_steps: int = 10
     compile: bool = False
     activation_checkpointing: bool = False
-    progress_bar: bool = True
+    progress_bar: bool = True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    progress_seconds: float = 30.0
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
     sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
@@ -239,6 +244,7 @@ class RunConfig:
     seed: int = 1337
     run_dir: str | None = None  # default: runs/<name>
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
+    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)  # resume although these changed
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -255,9 +261,27 @@ class RunConfig:
         return Path(self.run_dir) / "checkpoints"
 
 
+class TrainingRun(Protocol):
+    """What ``pretrain.training.trainer.build_trainer`` builds a Trainer from: a ``RunConfig``, or any run config
+    holding the same sections (``pretrain.finetuning.config.FinetuneConfig``)."""
+
+    name: str
+    run_dir: str | None
+    data: Any  # .micro_batch_size (DeepSpeed's config)
+    trainer: TrainerConfig
+    strategy: StrategyConfig
+    logger: LoggerConfig
+    checkpoint: CheckpointConfig
+    guards: GuardsConfig
+
+    @property
+    def checkpoint_dir(self) -> Path: ...
+
+
 def validate(raw: dict[str, Any]) -> RunConfig:
     """Typed ``RunConfig`` from a resolved dict, with cross-field checks."""
     run = structured(RunConfig, raw)
+    check_run_name(run.name)
     if run.run_dir is None:
         run.run_dir = f"runs/{run.name}"
     t = run.trainer
@@ -275,6 +299,8 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     ):
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
+    if not t.progress_seconds > 0:
+        raise ValueError(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
         raise ValueError("data.micro_batch_size and data.seq_len must be >= 1")
     if run.data.seq_len > run.model.max_seq_len:
@@ -311,6 +337,12 @@ def _check_objective(o: ObjectiveConfig) -> None:
             f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
             f"if they come from another objective's piece, drop them with ~objective.options"
         )
+    hints = typing.get_type_hints(objectives.OBJECTIVES[o.name].__init__)
+    for name, value in o.options.items():
+        try:
+            o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")
+        except TypeError:  # a type the schema checker does not model (e.g. a Mapping): the objective checks it
+            continue
 
 
 def _check_optim(o: OptimConfig) -> None:

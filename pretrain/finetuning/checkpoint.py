@@ -1,13 +1,16 @@
-"""``finetuned.pt``: the finetuned weights with everything needed to rebuild the model (config, tokenizer,
-label names); loaded with ``torch.load(weights_only=True)``."""
+"""Finetuning checkpoints: the section every checkpoint carries (``finetune_payload``: the backbone's config and
+tokenizer as `pretrain fit` writes them, so `pretrain export` reads a text-to-text checkpoint, plus the finetuning
+config and labels), and ``finetuned.pt``: the finetuned weights (LoRA merged) with everything needed to rebuild
+the model, consolidated from the run's checkpoint under any strategy; loaded with
+``torch.load(weights_only=True)``."""
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from tokenizers import Tokenizer
 from torch import nn
@@ -18,36 +21,73 @@ from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Transformer
 
 
-def save_finetuned(
-    path: Path,
+def finetune_payload(
     cfg: FinetuneConfig,
-    module: L.LightningModule,
+    model: nn.Module,
     tokenizer: Tokenizer,
+    roles: dict[str, str],
     label_names: list[str] | None,
-) -> None:
-    """Weights + everything needed to rebuild the model (``load_finetuned``); loadable with weights_only=True."""
-    model = module.model
+) -> dict[str, Any]:
+    """The run's section of every checkpoint (``pretrain.training.checkpoint.PAYLOAD``)."""
     backbone = model.backbone if isinstance(model, TaskModel) else model
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "config": dataclasses.asdict(cfg),
-            "model_config": dataclasses.asdict(backbone.config),
-            "tokenizer_json": tokenizer.to_str(),
-            "label_names": label_names,
-            "num_outputs": model.head.out.out_features if isinstance(model, TaskModel) else None,
-        },
-        path,
-    )
+    return {
+        "config": {"model": dataclasses.asdict(backbone.config), "tokenizer": {"special_tokens": roles}},
+        "tokenizer_json": tokenizer.to_str(),
+        "finetune": dataclasses.asdict(cfg),
+        "label_names": label_names,
+        "num_outputs": model.head.out.out_features if isinstance(model, TaskModel) else None,
+    }
+
+
+def save_finetuned(path: Path, checkpoint: Path) -> None:
+    """``finetuned.pt`` from a finetuning run's checkpoint: a file, or a sharded FSDP / DeepSpeed directory
+    (consolidated with ``pretrain.training.checkpoint.consolidate``); LoRA adapters merged. The layout is a
+    `pretrain fit` checkpoint's (weights under ``model.``, our section): `pretrain export` reads a text-to-text
+    one like a pretrained checkpoint."""
+    from pretrain.training.checkpoint import PAYLOAD, consolidate, model_state, read
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = read(consolidate(checkpoint, Path(tmp) / "consolidated.ckpt"))
+    info = saved[PAYLOAD]
+    state = model_state(saved)
+    if info["finetune"].get("lora"):
+        state = _merged_lora(state, info)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}, PAYLOAD: info}, path)
+
+
+def _build(model_config: dict[str, Any], head: dict[str, Any], num_outputs: int | None, lora: Any = None):
+    """``(model, LoRA adapters or None)``: the backbone (with ``lora`` injected), under a head unless text2text."""
+    backbone = Transformer(ModelConfig(**model_config))
+    adapters = None
+    if lora is not None:
+        from pretrain.finetuning.config import LoRAConfig
+        from pretrain.finetuning.lora import add_lora
+
+        adapters = add_lora(backbone, LoRAConfig(**lora))
+    if head["kind"] == "text2text":
+        return backbone, adapters
+    return TaskModel(backbone, head["kind"], num_outputs, pooling=head["pooling"]), adapters
+
+
+def _merged_lora(state: dict[str, torch.Tensor], info: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights of a LoRA run with ``W + (alpha / r) B A`` folded in (``pretrain.finetuning.lora.merge``)."""
+    from pretrain.finetuning.lora import merge
+
+    ft = info["finetune"]
+    model, adapters = _build(info["config"]["model"], ft["head"], info["num_outputs"], ft["lora"])
+    model.load_state_dict(state)
+    merge(adapters)
+    return model.state_dict()
 
 
 def load_finetuned(path: str | Path) -> tuple[nn.Module, dict[str, Any], Tokenizer]:
-    """``(model in eval mode, saved payload, tokenizer)`` of a ``finetuned.pt`` (``torch.load(weights_only=True)``)."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    backbone = Transformer(ModelConfig(**payload["model_config"]))
-    head = payload["config"]["head"]
-    model: nn.Module = backbone
-    if head["kind"] != "text2text":
-        model = TaskModel(backbone, head["kind"], payload["num_outputs"], pooling=head["pooling"])
-    model.load_state_dict(payload["state_dict"])
-    return model.eval(), payload, Tokenizer.from_str(payload["tokenizer_json"])
+    """``(model in eval mode, our section, tokenizer)`` of a ``finetuned.pt`` (``torch.load(weights_only=True)``;
+    LoRA runs are saved merged: a plain model). The section holds ``finetune`` (the run's config),
+    ``label_names``, ``num_outputs`` and the backbone's ``config``."""
+    from pretrain.training.checkpoint import PAYLOAD, model_state
+
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    info = saved[PAYLOAD]
+    model, _ = _build(info["config"]["model"], info["finetune"]["head"], info["num_outputs"])
+    model.load_state_dict(model_state(saved))
+    return model.eval(), info, Tokenizer.from_str(info["tokenizer_json"])

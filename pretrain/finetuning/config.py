@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pretrain.config import CONFIG_DIR, OptimConfig, compose, structured
-from pretrain.config.run import DDPConfig
+from pretrain.config.compose import check_run_name
+from pretrain.config.run import (
+    PRECISIONS,
+    CheckpointConfig,
+    GuardsConfig,
+    LoggerConfig,
+    StrategyConfig,
+    TrainerConfig,
+    WandbConfig,
+)
 from pretrain.models.config import ModelConfig
 
 FINETUNE_CONFIGS = CONFIG_DIR / "finetune"
@@ -45,6 +54,18 @@ class HeadConfig:
 class FreezeConfig:
     embeddings: bool = False
     layers: int = 0  # the lowest `layers` blocks of every stack
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA through ``peft`` (``pretrain.finetuning.lora``): rank ``r``, scale ``alpha / r``, dropout on the
+    adapter's input, and the block linears adapted (names of ``pretrain.models.transformer``: ``qkv`` / ``q``,
+    ``kv`` (cross-attention), ``out``, ``fc``, ``proj``). The rest of the backbone is frozen."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["qkv", "out", "fc", "proj"])
 
 
 @dataclass
@@ -85,30 +106,6 @@ class DecodingConfig:
 
 
 @dataclass
-class FinetuneTrainerConfig:
-    max_steps: int = 1000
-    max_time_minutes: float | None = None  # wall-clock budget for training (then the final evaluation runs)
-    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
-    devices: int = 1  # data-parallel processes per node (data.micro_batch_size each)
-    num_nodes: int = 1
-    precision: str = "32-true"
-    gradient_clip_val: float | None = 1.0
-    val_check_interval: int = 200  # optimizer steps between (possibly partial) validations
-    limit_val_batches: int | None = None  # during training; the final evaluation always reads the whole file
-    log_every_n_steps: int = 10
-    progress_bar: bool = True
-
-
-@dataclass
-class FinetuneStrategyConfig:
-    """How ``trainer.devices`` x ``trainer.num_nodes`` processes train: ``auto`` (DDP when there are several)
-    or ``ddp`` with its options (``process_group_backend``: nccl on GPUs, gloo on the CPU by default)."""
-
-    name: Literal["auto", "ddp"] = "auto"
-    ddp: DDPConfig = field(default_factory=DDPConfig)
-
-
-@dataclass
 class FinetuneConfig:
     name: str = "finetune"
     seed: int = 1234
@@ -116,20 +113,31 @@ class FinetuneConfig:
     init: InitConfig = field(default_factory=InitConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    lora: LoRAConfig | None = None  # low-rank adapters instead of training the whole backbone
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     metrics: list[str] | None = (
         None  # None: GLUE's metrics for data.task, accuracy / pearson+spearman otherwise
     )
     optim: OptimConfig = field(default_factory=OptimConfig)
-    trainer: FinetuneTrainerConfig = field(default_factory=FinetuneTrainerConfig)
-    strategy: FinetuneStrategyConfig = field(default_factory=FinetuneStrategyConfig)
+    # the Trainer sections of `pretrain fit` (pretrain.config.run), built by the same build_trainer
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(limit_val_batches=None))
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(wandb=WandbConfig(enabled=False)))
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(save_top_k=0))
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
+    resume: str | None = "auto"  # "auto": the newest valid checkpoint in run_dir/checkpoints; a path; None
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     save: bool = True  # write <run_dir>/finetuned.pt (weights, config, tokenizer, label names)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.run_dir) / "checkpoints"
 
 
 def validate(raw: dict[str, Any]) -> FinetuneConfig:
     """Typed config with cross-field checks (unknown keys and wrong types name their path)."""
     cfg = structured(FinetuneConfig, raw)
+    check_run_name(cfg.name)
     cfg.run_dir = cfg.run_dir or f"runs/{cfg.name}"
     if cfg.init.checkpoint is None and (cfg.init.model is None or cfg.init.tokenizer is None):
         raise ValueError(
@@ -151,12 +159,48 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
             f"head.kind={cfg.head.kind!r} has no file datamodule in `pretrain finetune` yet (GLUE files are "
             "sentence-level); use pretrain.models.heads.TaskModel with FinetuneModule from Python"
         )
-    for name in ("max_steps", "val_check_interval", "log_every_n_steps", "devices", "num_nodes"):
-        if getattr(cfg.trainer, name) < 1:
-            raise ValueError(f"trainer.{name} must be >= 1, got {getattr(cfg.trainer, name)}")
+    _check_training(cfg)
+    if cfg.lora is not None:
+        _check_lora(cfg)
     if cfg.freeze.layers < 0:
         raise ValueError(f"freeze.layers must be >= 0, got {cfg.freeze.layers}")
     return cfg
+
+
+def _check_training(cfg: FinetuneConfig) -> None:
+    """The Trainer sections (shared with `pretrain fit`) as finetuning uses them."""
+    t = cfg.trainer
+    names = ("max_steps", "val_check_interval", "log_every_n_steps", "devices", "num_nodes")
+    for name in (*names, "accumulate_grad_batches"):
+        if getattr(t, name) < 1:
+            raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
+    if t.precision not in PRECISIONS:
+        raise ValueError(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
+    for name in ("compile", "activation_checkpointing"):
+        if getattr(t, name):
+            raise ValueError(
+                f"trainer.{name} is a `pretrain fit` option; `pretrain finetune` does not apply it"
+            )
+    if cfg.strategy.name == "deepspeed" and cfg.guards.spike.enabled:
+        raise ValueError("guards.spike is not supported with strategy deepspeed; use strategy ddp / fsdp")
+    if cfg.strategy.name in ("fsdp", "deepspeed") and cfg.decoding.strategy == "beam":
+        raise ValueError(
+            f"decoding.strategy=beam is not supported under strategy {cfg.strategy.name} (sharded ranks must "
+            "decode in step and beam search stops per rank); use greedy or sample, or strategy ddp"
+        )
+
+
+def _check_lora(cfg: FinetuneConfig) -> None:
+    lora = cfg.lora
+    if lora.r < 1 or not lora.alpha > 0 or not 0 <= lora.dropout < 1:
+        raise ValueError(
+            f"lora needs r >= 1, alpha > 0 and 0 <= dropout < 1, got r={lora.r}, alpha={lora.alpha}, "
+            f"dropout={lora.dropout}"
+        )
+    if not lora.target_modules:
+        raise ValueError("lora.target_modules is empty; name the block linears to adapt, e.g. [qkv, out]")
+    if cfg.freeze.embeddings or cfg.freeze.layers:
+        raise ValueError("freeze does not apply with lora (LoRA freezes the whole backbone); drop freeze.*")
 
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> FinetuneConfig:

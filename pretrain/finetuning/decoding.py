@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor
 
 from pretrain.finetuning.config import DecodingConfig
@@ -9,9 +11,15 @@ from pretrain.models.transformer import Transformer
 
 
 def decode_targets(
-    model: Transformer, batch: dict[str, Tensor], cfg: DecodingConfig, eos: int, pad: int
+    model: Transformer,
+    batch: dict[str, Tensor],
+    cfg: DecodingConfig,
+    eos: int,
+    pad: int,
+    all_finished: Callable[[Tensor], bool] | None = None,
 ) -> Tensor:
-    """Generated target tokens (B, n) for the sources of ``batch`` (pad after EOS): greedy, sampling or beam."""
+    """Generated target tokens (B, n) for the sources of ``batch`` (pad after EOS): greedy, sampling or beam.
+    ``all_finished``: when to stop greedy/sampled decoding (``pretrain.models.generation.generate``)."""
     from pretrain.models.beam_search import beam_search
     from pretrain.models.generation import generate
 
@@ -39,6 +47,7 @@ def decode_targets(
         top_p=cfg.top_p,
         eos_token_id=eos,
         pad_token_id=pad,
+        all_finished=all_finished,
         **source,
     )
     return tokens[:, 1:]

@@ -35,7 +35,36 @@ def finetune_optimizer(
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-class FinetuneModule(L.LightningModule):
+class _FinetuneBase(L.LightningModule):
+    """What both finetuning modules share: the checkpoint payload `pretrain export` / ``finetuned.pt`` read,
+    and the loss scale DeepSpeed needs."""
+
+    payload: dict[str, Any] | None = None  # set by pretrain.finetuning.run: configs, tokenizer, labels
+    flops_per_batch: float | None = None  # read by the throughput monitor (tokens/s only, no MFU)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from pretrain.training.checkpoint import PAYLOAD
+
+        if self.payload is not None:
+            checkpoint[PAYLOAD] = self.payload
+
+    def backward_scale(self) -> int:
+        """DeepSpeed's engine divides the loss by the accumulation steps once more than Lightning does
+        (``lightning_compat.engine_divides_by_accumulation``): multiply it back."""
+        from pretrain.training.lightning_compat import engine_divides_by_accumulation
+
+        k = self.trainer.accumulate_grad_batches
+        return k if engine_divides_by_accumulation(self.trainer.strategy) else 1
+
+
+def _mask_padding(labels: Tensor, real: Tensor | None) -> Tensor:
+    """``labels`` (B, ...) with the rows of padding examples (``real`` False) ignored."""
+    if real is None:
+        return labels
+    return labels.masked_fill(~real.view(-1, *[1] * (labels.dim() - 1)), IGNORE_INDEX)
+
+
+class FinetuneModule(_FinetuneBase):
     """A ``TaskModel`` trained with cross-entropy (classes; -100 labels ignored, e.g. sub-word tokens) or MSE
     (``regression``: one output); validation logs ``val/loss`` and the configured metrics."""
 
@@ -48,11 +77,13 @@ class FinetuneModule(L.LightningModule):
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """(loss, predictions, labels) with ignored positions removed."""
         logits = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
-        labels = batch["labels"]
+        labels, real = batch["labels"], batch.get("real")  # real: False for evaluation padding
         if self.regression:
             scores = logits.squeeze(-1).float()
+            if real is not None:
+                scores, labels = scores[real], labels[real]
             return F.mse_loss(scores, labels.float()), scores.detach(), labels
-        logits, labels = logits.flatten(0, -2), labels.flatten()
+        logits, labels = logits.flatten(0, -2), _mask_padding(labels, real).flatten()
         keep = labels != IGNORE_INDEX
         loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
         return loss, logits.detach().argmax(-1)[keep], labels[keep]
@@ -61,12 +92,13 @@ class FinetuneModule(L.LightningModule):
         loss, _, _ = self._loss(batch)
         # equal micro-batches on every rank: the mean over ranks is the global batch's loss
         self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
-        return loss
+        return loss * self.backward_scale()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         loss, preds, labels = self._loss(batch)
-        self.val_loss.update(loss, weight=labels.numel())
-        self.metrics.update(preds, labels)
+        if labels.numel():  # a batch of padding only (sharded evaluation) adds nothing
+            self.val_loss.update(loss, weight=labels.numel())
+            self.metrics.update(preds, labels)
 
     def on_validation_epoch_end(self) -> None:
         values = {f"val/{k}": v for k, v in self.metrics.compute().items()} | {
@@ -80,7 +112,7 @@ class FinetuneModule(L.LightningModule):
         return finetune_optimizer(self.cfg, self.model.backbone, self.model.head, self.cfg.trainer.max_steps)
 
 
-class Text2TextModule(L.LightningModule):
+class Text2TextModule(_FinetuneBase):
     """Encoder-decoder trained on target tokens (mean cross-entropy); validation decodes every source and scores
     the texts against the references: ``val/accuracy`` (exact match) and/or ``val/bleu`` (sacrebleu corpus BLEU)."""
 
@@ -109,7 +141,7 @@ class Text2TextModule(L.LightningModule):
             attention_mask=batch["attention_mask"],
             decoder_input_ids=batch["decoder_input_ids"],
         ).logits
-        labels = batch["labels"].flatten()
+        labels = _mask_padding(batch["labels"], batch.get("real")).flatten()
         loss = F.cross_entropy(
             logits.flatten(0, 1).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"
         )
@@ -123,16 +155,32 @@ class Text2TextModule(L.LightningModule):
         total = self.trainer.strategy.reduce(count.float(), reduce_op="sum") if world > 1 else count
         loss = loss_sum / total.clamp_min(1)
         self.log("train/loss", loss.detach(), prog_bar=True, reduce_fx="sum", sync_dist=world > 1)
-        return loss * world
+        return loss * world * self.backward_scale()
+
+    def _all_ranks_finished(self) -> Any:
+        """Decoding stops when every rank's rows have: each step is a forward pass, a collective when the
+        model is sharded (FSDP, ZeRO-3); one code path for every strategy."""
+        if self.trainer.world_size == 1:
+            return None
+
+        def finished(rows: Tensor) -> bool:
+            flag = rows.all().float()
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+            return bool(flag > 0)
+
+        return finished
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss_sum, count = self._loss_sum(batch)
-        self.val_loss.update(loss_sum / count.clamp_min(1), weight=int(count))
-        tokens = decode_targets(self.model, batch, self.cfg.decoding, self.eos_id, self.pad_id)
-        self.hypotheses += [
-            t.strip() for t in self.tokenizer.decode_batch(tokens.tolist(), skip_special_tokens=True)
-        ]
-        self.references += list(batch["targets"])
+        if count:
+            self.val_loss.update(loss_sum / count, weight=int(count))
+        tokens = decode_targets(
+            self.model, batch, self.cfg.decoding, self.eos_id, self.pad_id, self._all_ranks_finished()
+        )
+        texts = self.tokenizer.decode_batch(tokens.tolist(), skip_special_tokens=True)
+        real = batch.get("real", torch.ones(len(texts), dtype=torch.bool)).tolist()
+        self.hypotheses += [t.strip() for t, r in zip(texts, real, strict=True) if r]
+        self.references += [t for t, r in zip(batch["targets"], real, strict=True) if r]
 
     def on_validation_epoch_end(self) -> None:
         values = {"val/loss": self.val_loss.compute()}

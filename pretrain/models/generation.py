@@ -9,6 +9,8 @@ final length (prompt + ``max_new_tokens``) and written in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -81,6 +83,7 @@ def generate(
     attention_mask: Tensor | None = None,
     encoder_input_ids: Tensor | None = None,
     encoder_attention_mask: Tensor | None = None,
+    all_finished: Callable[[Tensor], bool] | None = None,
 ) -> Tensor:
     """Extend ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + n).
 
@@ -90,6 +93,8 @@ def generate(
     ``eos_token_id`` (default ``config.eos_token_id``) and is filled with ``pad_token_id`` (default: config pad,
     else eos) afterwards; generation ends when every row has stopped. ``generator`` (on the model's device) makes
     sampling reproducible. The model runs in eval mode; its training flag is restored afterwards.
+    ``all_finished(finished)`` ((B,) bool -> bool, default ``finished.all()``) decides when generation ends:
+    data-parallel ranks of a sharded model pass an all-reduce, so that every rank runs the same forward passes.
     """
     cfg = model.config
     _check_args(max_new_tokens, temperature, top_k, top_p, greedy)
@@ -146,7 +151,8 @@ def generate(
                 finished = finished | (new == eos)
             tokens[:, length] = new
             length += 1
-            if step == max_new_tokens - 1 or bool(finished.all()):
+            done = bool(finished.all()) if all_finished is None else all_finished(finished)
+            if step == max_new_tokens - 1 or done:
                 break
             if positions is not None:
                 positions = positions[:, -1:] + 1

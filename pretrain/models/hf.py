@@ -611,6 +611,26 @@ def hf_tokenizer(tokenizer: Any, max_length: int, special_tokens: dict[str, str]
     )
 
 
+def special_token_ids(tokenizer: Any, special_tokens: dict[str, str] | None = None) -> dict[str, int]:
+    """``{"bos_token_id": .., "eos_token_id": .., "pad_token_id": ..}`` of the roles the tokenizer holds
+    (``datamodules.special_tokens``; ``special_tokens`` overrides a role's token)."""
+    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
+
+    roles = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}
+    ids = {role: tokenizer.token_to_id(roles[role]) for role in ("bos", "eos", "pad")}
+    return {f"{role}_token_id": i for role, i in ids.items() if i is not None}
+
+
+def set_token_ids(hf_model: Any, ids: dict[str, int]) -> None:
+    """Write the tokenizer's special-token ids into the model config and ``generation_config``: ``generate()``
+    and ``pipeline`` then stop at eos as ``pretrain generate`` does (the tokenizer, not the model YAML, is the
+    source of the ids)."""
+    for config in (hf_model.config, hf_model.generation_config):
+        if config is not None:
+            for key, value in ids.items():
+                setattr(config, key, value)
+
+
 def save_hf(
     model: Transformer,
     out_dir: str | Path,
@@ -619,8 +639,9 @@ def save_hf(
 ) -> Path:
     """Write ``out_dir/config.json`` + ``model.safetensors`` (transformers ``from_pretrained`` format) and, given
     ``tokenizer`` (a ``tokenizers.Tokenizer``, a tokenizer.json or a directory holding one), the tokenizer files
-    with the special tokens and ``model_max_length`` set (``hf_tokenizer``): ``AutoTokenizer``, ``pipeline`` and
-    lm-eval's ``hf`` model work on the directory alone."""
+    with the special tokens and ``model_max_length`` set (``hf_tokenizer``), and the tokenizer's bos/eos/pad ids in
+    ``config.json`` and ``generation_config.json`` (``set_token_ids``): ``AutoTokenizer``, ``generate``,
+    ``pipeline`` and lm-eval's ``hf`` model work on the directory alone."""
     from tokenizers import Tokenizer
 
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
@@ -631,7 +652,10 @@ def save_hf(
             raise FileNotFoundError(f"tokenizer: no tokenizer.json at {tokenizer_file}")
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     out_dir = Path(out_dir)
-    to_hf(model).save_pretrained(out_dir, safe_serialization=True)
+    hf_model = to_hf(model)
+    if tokenizer is not None:
+        set_token_ids(hf_model, special_token_ids(tokenizer, special_tokens))
+    hf_model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:
         hf_tokenizer(tokenizer, model.config.max_seq_len, special_tokens).save_pretrained(out_dir)
     return out_dir

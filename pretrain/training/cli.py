@@ -20,7 +20,9 @@ from pretrain.training.setup import prepare_run
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from pretrain.errors import RankDied, peer_gone
     from pretrain.training.checkpoint.resume import check_resumable
+    from pretrain.training.lightning_compat import dead_ranks
     from pretrain.training.preemption import Interrupted
     from pretrain.training.trainer import build_trainer
 
@@ -34,6 +36,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is not None:
         check_resumable(run.strategy.name, parts["ckpt"])
+        if _finished(run, parts["ckpt"]):
+            return 0
     module = parts["module"]
     trainer = build_trainer(run, resolved, wandb_id=module.wandb_id)
     try:
@@ -48,10 +52,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
             command = " ".join(["pretrain fit", *map(shlex.quote, again)])
             print(f"\n== pretrain fit: {stop} ==\n  continue with: {command}")
         return stop.exit_status
+    except Exception as err:
+        if not peer_gone(err):  # a collective failed: name the rank that died
+            raise
+        raise RankDied(dead_ranks(trainer), trainer.global_rank, err) from err
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
-        if run.logger.csv:
+        if run.logger.csv and any((Path(run.run_dir) / "logs").glob("version_*/metrics.csv")):
             from pretrain.training.plots import plot_runs
 
             print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
@@ -68,6 +76,21 @@ def optimizer_groups(run: RunConfig) -> str:
     with torch.device("meta"):
         model = Transformer(run.model)
     return describe(build_optimizer(model, run.optim, width_mult=run.model.width_mult))
+
+
+def _finished(run: RunConfig, ckpt: Path) -> bool:
+    """A run already at ``trainer.max_steps``: say so (and how to train more) instead of training 0 steps."""
+    from pretrain.training.checkpoint.resume import checkpoint_step
+
+    step = checkpoint_step(ckpt)
+    if step < run.trainer.max_steps:
+        return False
+    print(
+        f"\n== pretrain fit: nothing to train ==\n  steps: {step} (run {run.name!r} already reached "
+        f"trainer.max_steps={run.trainer.max_steps}; checkpoint: {ckpt})\n  to train it further raise "
+        f"trainer.max_steps; for a new run set name=NEW (or resume=null to overwrite this one)"
+    )
+    return True
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -105,7 +128,11 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
                 lines.append(f"  upload with: wandb sync {run_dir}")
             wandb.finish()
         elif isinstance(logger, CSVLogger):
-            lines.append(f"metrics CSV: {Path(logger.log_dir) / 'metrics.csv'}")
+            csv_file = Path(logger.log_dir) / "metrics.csv"
+            if csv_file.is_file():
+                lines.append(f"metrics CSV: {csv_file}")
+            else:
+                lines.append(f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})")
     print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
 
 
@@ -173,6 +200,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         generator=generator,
         encoder_input_ids=ids if enc_dec else None,
     )
+    if enc_dec:
+        print(span_filling_note(tokenizer, ids[0].tolist()))
     for i, row in enumerate(out.tolist()):
         text = tokenizer.decode(row if enc_dec else row[ids.shape[1] :], skip_special_tokens=not enc_dec)
         print(f"--- sample {i} ---\n{'' if enc_dec else args.prompt}{text}")
@@ -180,6 +209,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 DEFAULT_NEW_TOKENS = 100
+
+
+def span_filling_note(tokenizer: Any, prompt_ids: list[int]) -> str:
+    """What an encoder-decoder (span corruption) model's output is, and a warning for a prompt with no sentinel."""
+    note = (
+        "(a span-corruption model returns the spans its input's sentinels stand for, each after its sentinel: "
+        "<extra_id_0> span <extra_id_1> span ...)"
+    )
+    if not any((tokenizer.id_to_token(i) or "").startswith("<extra_id_") for i in prompt_ids):
+        note += (
+            "\n(the prompt has no sentinel, so there is nothing to fill: mark missing text with <extra_id_0>, "
+            "e.g. --prompt \"To be, or <extra_id_0> to be\")"
+        )
+    return note
 
 
 def _max_new_tokens(cfg: Any, prompt_len: int, requested: int | None) -> int:

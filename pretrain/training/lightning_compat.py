@@ -10,6 +10,11 @@ item names the public behaviour it stands in for:
 - ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
   indices; DeepSpeed itself runs ZeRO-1/2/3 on the CPU (gloo). Directory checkpoints are written atomically
   and carry ``meta.pt`` (the Lightning state without weights).
+- ``validation_follows``: whether Lightning validates right after this training batch (its epoch loop's
+  ``_should_check_val_fx``), so ``last.ckpt`` is written after that validation, best-k state included.
+- ``dead_ranks``: which of the processes Lightning's subprocess launcher started (``launcher.procs``) have died.
+- ``StepProgressBar``: Lightning's rich progress bar describes training as "Epoch 1/-2" when ``max_epochs=-1``
+  (training bounded by steps); it reads "Epoch 1" there.
 - ``PerModuleSharding``: Lightning's ``ModelParallelStrategy`` (FSDP2 / DTensor) insists that the LightningModule
   parallelizes itself in ``configure_model``; here a ``parallelize`` function passed to the strategy shards the
   model from outside, on a 1-D data-parallel mesh (or 2-D for hybrid sharding). Checkpoints are written
@@ -27,6 +32,7 @@ from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
@@ -44,6 +50,30 @@ def should_update_logs(trainer: Any) -> bool:
 def log_metrics(trainer: Any, metrics: dict[str, float]) -> None:
     """Send ``metrics`` to every logger at the step of the metrics ``LightningModule.log`` gives it now."""
     trainer._logger_connector.log_metrics(metrics)
+
+
+def validation_follows(trainer: Any) -> bool:
+    """Whether the validation loop runs right after the training batch that just ended."""
+    loop = trainer.fit_loop.epoch_loop
+    return bool(trainer.enable_validation) and not loop._skip_next_val and loop._should_check_val_fx(
+        trainer.fit_loop._data_fetcher
+    )
+
+
+def dead_ranks(trainer: Any) -> list[int]:
+    """Global ranks of the processes this node's launcher started that have exited with an error (rank 0 of a node
+    knows its local peers; a peer's own failure is in its output)."""
+    procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
+    first = trainer.node_rank * trainer.num_devices
+    return [first + i + 1 for i, proc in enumerate(procs) if proc.poll() not in (None, 0)]
+
+
+class StepProgressBar(RichProgressBar):
+    """Lightning's rich bar without the "/-2" of an unbounded epoch count."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = super()._get_train_description(current_epoch)
+        return description.replace(f"/{self.trainer.max_epochs - 1}", "") if self.trainer.max_epochs == -1 else description
 
 
 def engine_divides_by_accumulation(strategy: Strategy) -> bool:

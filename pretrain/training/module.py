@@ -71,11 +71,13 @@ class PretrainModule(L.LightningModule):
         resolved: dict[str, Any],
         tokenizer_json: str | None = None,
         wandb_id: str | None = None,
+        data_keys: dict[str, Any] | None = None,
     ):
         super().__init__()
         objective.check_architecture(run.model.arch)
         self.run, self.objective, self.resolved = run, objective, resolved
         self.tokenizer_json, self.wandb_id = tokenizer_json, wandb_id
+        self.data_keys = data_keys  # each source's prepared-corpus key: a resume checks it trains on the same data
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
         self.model.gradient_checkpointing = run.trainer.activation_checkpointing
@@ -211,6 +213,7 @@ class PretrainModule(L.LightningModule):
             "tokenizer_json": self.tokenizer_json,
             "wandb_run_id": self.wandb_id,
             "tokens_seen": self.tokens_seen,
+            "data_keys": self.data_keys,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

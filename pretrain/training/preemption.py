@@ -39,6 +39,7 @@ from lightning.pytorch.callbacks import Checkpoint
 
 from pretrain.training.checkpoint.io import remove_partial_saves
 from pretrain.training.host_sync import DeferredRead, allowed
+from pretrain.training.lightning_compat import validation_follows
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -59,8 +60,10 @@ class Interrupted(Exception):
 class LastCheckpoint(Checkpoint):
     """Saves ``path`` after every ``every_n_steps``-th optimizer step, after the last one, and after the step
     during which a stop signal arrived (then raises ``Interrupted`` before the next batch); removes stale
-    partial saves at start. A ``Checkpoint``, so Lightning runs its hooks after the other callbacks' (whose
-    state of the step is then in the save) and adds no default ``ModelCheckpoint``."""
+    partial saves at start. A step followed by a validation is saved after it (and after the best-k
+    ``ModelCheckpoint``, listed before this callback), so the save holds that validation's best-k state. A
+    ``Checkpoint``, so Lightning runs its hooks after the other callbacks' (whose state of the step is then in
+    the save) and adds no default ``ModelCheckpoint``."""
 
     def __init__(self, path: str | Path, every_n_steps: int, signals: tuple[int, ...] = STOP_SIGNALS):
         if every_n_steps < 1:
@@ -71,6 +74,7 @@ class LastCheckpoint(Checkpoint):
         self._step = self._first_step = self._saved_step = -1
         self._announce = False
         self._stop: Interrupted | None = None
+        self._pending = False  # a save due at this step, made once its validation has run
         self._agreed: DeferredRead | None = None  # the step's all-reduced signal number (0: none)
 
     # ----------------------------------------------------------------------------------------- signals
@@ -133,11 +137,20 @@ class LastCheckpoint(Checkpoint):
         agreed, self._agreed = self._agreed or self._agree(trainer), None
         signum = int(agreed.read()) if agreed is not None else (self.received or 0)
         if signum or step % self.every_n_steps == 0 or step >= trainer.max_steps:
-            self._save(trainer)
+            if validation_follows(trainer):  # saved once this step's validation (and best-k update) has run
+                self._pending = True
+            else:
+                self._save(trainer)
         if signum:  # raised when the next batch starts, once this step is logged (and validated, if due)
             self._stop = Interrupted(signum, step, self.path)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending and not trainer.sanity_checking:
+            self._save(trainer)
+
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._pending:  # a validation that was due did not run
+            self._save(trainer)
         if self._stop is not None:
             if self._stop.signum == signal.SIGUSR1 and trainer.is_global_zero:
                 requeue_slurm_job()
@@ -145,7 +158,7 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A fit stopped otherwise (``trainer.should_stop``) still leaves its final state."""
-        if trainer.global_step not in (self._first_step, self._saved_step):
+        if self._pending or trainer.global_step not in (self._first_step, self._saved_step):
             self._save(trainer)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -153,8 +166,8 @@ class LastCheckpoint(Checkpoint):
 
     def _save(self, trainer: L.Trainer) -> None:
         with allowed():  # every weight to the host
-            trainer.save_checkpoint(self.path)
-        self._saved_step = trainer.global_step
+            trainer.save_checkpoint(self.path, weights_only=False)  # the full state (and no notice about defaults)
+        self._saved_step, self._pending = trainer.global_step, False
 
 
 def requeue_slurm_job() -> None:

@@ -7,6 +7,7 @@ tokenizer/vocab, foreign checkpoint) before any heavy work.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import string
 from pathlib import Path
@@ -26,7 +27,28 @@ def build_objective(run: RunConfig, tokenizer: Any) -> Any:
     objective = objectives.build(run.objective.name, tokenizer, **options)
     objective.check_architecture(run.model.arch)
     check_tokenizer(tokenizer, run.model.vocab_size, objective.required_tokens, run.tokenizer.special_tokens)
+    check_monitor(run, objective)
     return objective
+
+
+def check_monitor(run: RunConfig, objective: Any) -> None:
+    """``checkpoint.monitor`` names a metric the validation logs (else the best-k callback fails only at the first
+    validation, possibly hours in)."""
+    import difflib
+
+    import torch
+
+    if run.checkpoint.save_top_k <= 0:
+        return
+    one = torch.tensor(1.0)
+    logged = sorted(f"val/{k}" for k in objective.summarize({"loss_sum": one, "num_targets": one, "num_correct": one}))
+    if run.checkpoint.monitor not in logged:
+        close = difflib.get_close_matches(run.checkpoint.monitor, logged, n=1, cutoff=0.5)
+        raise ValueError(
+            f"checkpoint.monitor={run.checkpoint.monitor!r} is not a metric the validation logs ({logged})"
+            + (f"; did you mean {close[0]!r}?" if close else "; pick one of them")
+            + " (or checkpoint.save_top_k=0 to keep only last.ckpt)"
+        )
 
 
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
@@ -69,6 +91,42 @@ def resume_path(run: RunConfig) -> Path | None:
     return path
 
 
+def corpus_key(meta: dict[str, Any]) -> str:
+    """What a prepared corpus was made of, tokenizer aside: its inputs' content hashes and the prepare settings."""
+    material = {"inputs": [i.get("sha256") for i in meta.get("inputs", [])], "settings": meta.get("settings")}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+RESUME_CHANGES = {
+    "tokenizer": "the checkpoint's weights now read another tokenizer's ids; checkpoints from here on store the new "
+    "tokenizer",
+    "data": "weights, optimizer and step continue; the sample order continues from the checkpoint's position over "
+    "the new corpus",
+}
+
+
+def check_same_inputs(
+    run: RunConfig, saved: dict[str, Any], tokenizer_json: str, data_keys: dict[str, Any], ckpt: Path
+) -> None:
+    """A resume continues on the tokenizer and prepared corpora the checkpoint trained on (``tokenizer.json`` text,
+    each source's ``meta.json`` cache key), unless ``resume_allow`` lists the change; then a warning says what
+    happens. Checkpoints from before these were recorded are not checked."""
+    import warnings
+
+    changed = []
+    if saved.get("tokenizer_json") is not None and saved["tokenizer_json"] != tokenizer_json:
+        changed.append(("tokenizer", f"the tokenizer differs from the checkpoint's ({run.tokenizer.path})"))
+    if saved.get("data_keys") is not None and saved["data_keys"] != data_keys:
+        changed.append(("data", f"the prepared data differs from the checkpoint's ({sorted(data_keys)})"))
+    for what, problem in changed:
+        if what not in run.resume_allow:
+            raise ValueError(
+                f"cannot resume {ckpt}: {problem}; resume with the tokenizer and data it trained on, start a new run "
+                f"(name=NEW or resume=null), or pass resume_allow=[{what}] ({RESUME_CHANGES[what]})"
+            )
+        warnings.warn(f"resuming {ckpt} although {problem} (resume_allow): {RESUME_CHANGES[what]}", stacklevel=2)
+
+
 def new_run_id() -> str:
     """A fresh W&B run id (8 lowercase letters / digits, as wandb makes them)."""
     alphabet = string.ascii_lowercase + string.digits
@@ -80,6 +138,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint)."""
     import lightning as L
 
+    from datamodules.prepare import read_meta
     from datamodules.tokenizer import load_tokenizer
     from pretrain.training.checkpoint.io import payload
     from pretrain.training.checkpoint.resume import check_compatible
@@ -90,9 +149,11 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     datamodule = build_data(run, objective, tokenizer)
     ckpt = resume_path(run)
     wandb_id = None
+    data_keys = {s.name: corpus_key(read_meta(s.prepared)) for s in run.data.sources}
     if ckpt is not None:
         saved = payload(ckpt)
         check_compatible(saved["config"]["model"], resolved["model"], ckpt)
+        check_same_inputs(run, saved, tokenizer.to_str(), data_keys, ckpt)
         wandb_id = saved.get("wandb_run_id")
     L.seed_everything(run.seed, verbose=False)
     module = PretrainModule(
@@ -101,5 +162,6 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
         resolved=resolved,
         tokenizer_json=tokenizer.to_str(),
         wandb_id=wandb_id or new_run_id(),
+        data_keys=data_keys,
     )
     return {"tokenizer": tokenizer, "datamodule": datamodule, "module": module, "ckpt": ckpt}

@@ -16,11 +16,11 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch import nn
 
-from pretrain.config import RunConfig
+from pretrain.config.run import TrainingRun
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 
 
-def deepspeed_config(run: RunConfig) -> dict[str, Any]:
+def deepspeed_config(run: TrainingRun) -> dict[str, Any]:
     """DeepSpeed JSON config for ZeRO stage 1/2/3 with optional CPU offload.
 
     The micro-batch is the datamodule's (Lightning cannot infer it from our batch sampler); Lightning fills in
@@ -51,7 +51,7 @@ def deepspeed_config(run: RunConfig) -> dict[str, Any]:
     }
 
 
-def optimizer_offloaded(run: RunConfig) -> bool:
+def optimizer_offloaded(run: TrainingRun) -> bool:
     """Whether the optimizer steps on the CPU (DeepSpeed ZeRO offload: DeepSpeedCPUAdam)."""
     return run.strategy.name == "deepspeed" and run.strategy.deepspeed.offload_optimizer
 
@@ -66,25 +66,27 @@ def shard_model(
     module: nn.Module, mesh: Any, *, reshard_after_forward: bool = True, cpu_offload: bool = False
 ) -> None:
     """FSDP2: ``fully_shard`` every unit of :func:`shard_units`, then each top-level child holding parameters
-    (the backbone: embeddings, final norm, heads). In place."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    (the backbone: embeddings, final norm, heads). In place; modules already sharded (a Trainer's ``validate``
+    after its ``fit``) are left as they are."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
     for unit in shard_units(module):
-        fully_shard(unit, **options)
+        if not isinstance(unit, FSDPModule):
+            fully_shard(unit, **options)
     for child in module.children():
-        if any(True for _ in child.parameters()):
+        if any(True for _ in child.parameters()) and not isinstance(child, FSDPModule):
             fully_shard(child, **options)
 
 
-def collective_timeout(run: RunConfig) -> timedelta:
+def collective_timeout(run: TrainingRun) -> timedelta:
     """How long a collective may wait: past the hang guard's stack dump (``guards.hang``)."""
     return timedelta(seconds=run.guards.hang.collective_timeout_seconds)
 
 
-def build_fsdp(run: RunConfig) -> Strategy:
+def build_fsdp(run: TrainingRun) -> Strategy:
     from functools import partial
 
     from pretrain.training.lightning_compat import PerModuleSharding
@@ -107,7 +109,7 @@ def build_fsdp(run: RunConfig) -> Strategy:
     return strategy
 
 
-def build_deepspeed(run: RunConfig) -> Strategy:
+def build_deepspeed(run: TrainingRun) -> Strategy:
     if run.trainer.accelerator == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
     try:
@@ -121,7 +123,7 @@ def build_deepspeed(run: RunConfig) -> Strategy:
     return DeepSpeedAnyDevice(config=deepspeed_config(run), timeout=collective_timeout(run))
 
 
-def build_strategy(run: RunConfig) -> str | Strategy:
+def build_strategy(run: TrainingRun) -> str | Strategy:
     """``auto`` | DDP | FSDP2 (the model's ``fsdp_units``: one per transformer block) | DeepSpeed ZeRO, from
     ``run.strategy``."""
     s = run.strategy

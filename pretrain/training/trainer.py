@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +12,20 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 
-from pretrain.config import RunConfig
+from pretrain.config.run import TrainingRun
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
 from pretrain.training.host_sync import SyncCheck
 from pretrain.training.preemption import LastCheckpoint
+from pretrain.training.progress import progress_callbacks
+from pretrain.training.quiet import quiet_libraries
 from pretrain.training.step import micro_batches
 from pretrain.training.strategies import build_strategy
 from pretrain.training.throughput import PeakThroughputMonitor
 
 
-def wandb_mode(run: RunConfig) -> str:
+def wandb_mode(run: TrainingRun) -> str:
     """``online`` only when configured (logger.wandb.mode=online, WANDB_MODE, or an API key); else ``offline``."""
     return (
         run.logger.wandb.mode
@@ -31,7 +34,7 @@ def wandb_mode(run: RunConfig) -> str:
     )
 
 
-def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
+def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
     """W&B (offline by default; ``wandb_id`` continues a run), CSV and TensorBoard under ``run.run_dir``."""
     out = Path(run.run_dir)
     loggers: list[Logger] = []
@@ -61,13 +64,12 @@ def build_loggers(run: RunConfig, resolved: dict[str, Any], wandb_id: str | None
     return loggers
 
 
-def build_callbacks(run: RunConfig) -> list[Callback]:
+def build_callbacks(run: TrainingRun) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
     validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
-        LastCheckpoint(directory / "last.ckpt", run.checkpoint.every_n_steps),
         PeakThroughputMonitor(
             batch_size_fn=lambda batch: batch["input_ids"].shape[0],
             length_fn=lambda batch: batch["input_ids"].numel(),
@@ -89,11 +91,13 @@ def build_callbacks(run: RunConfig) -> list[Callback]:
                 save_top_k=run.checkpoint.save_top_k,
             )
         )
+    # last: after a validation it saves once the best-k callback has recorded that validation
+    callbacks.append(LastCheckpoint(directory / "last.ckpt", run.checkpoint.every_n_steps))
     return callbacks
 
 
 def build_trainer(
-    run: RunConfig,
+    run: TrainingRun,
     resolved: dict[str, Any],
     *,
     wandb_id: str | None = None,
@@ -102,7 +106,9 @@ def build_trainer(
 ) -> L.Trainer:
     """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
     t = run.trainer
+    quiet_libraries()
     strategy = build_strategy(run)
+    progress, progress_bar = progress_callbacks(t.progress_bar, t.progress_seconds)
     k = t.accumulate_grad_batches
     trainer = L.Trainer(
         accelerator=t.accelerator,
@@ -112,17 +118,18 @@ def build_trainer(
         precision=t.precision,
         max_steps=t.max_steps,
         max_epochs=-1,
+        max_time=timedelta(minutes=t.max_time_minutes) if t.max_time_minutes else None,
         accumulate_grad_batches=k,
         gradient_clip_val=t.gradient_clip_val,
         val_check_interval=micro_batches(t.val_check_interval, k),
         check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches,
         num_sanity_val_steps=0,
-        log_every_n_steps=t.log_every_n_steps,
+        log_every_n_steps=min(t.log_every_n_steps, t.max_steps),  # a short run still logs its last step
         logger=build_loggers(run, resolved, wandb_id) if loggers is None else loggers,
-        callbacks=[*build_callbacks(run), *callbacks],
+        callbacks=[*build_callbacks(run), *progress, *callbacks],
         plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,
-        enable_progress_bar=t.progress_bar,
+        enable_progress_bar=progress_bar,
         use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
         default_root_dir=run.run_dir,
     )

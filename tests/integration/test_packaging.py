@@ -11,6 +11,7 @@ import zipfile
 
 import pytest
 from training_utils import REPO_ROOT
+from venvs import venv_with_these_packages
 
 QUICK = [
     "trainer.max_steps=2",
@@ -44,8 +45,7 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
     } <= names
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
-    python, script = venv / "bin" / "python", venv / "bin" / "pretrain"
+    python, script = venv_with_these_packages(venv), venv / "bin" / "pretrain"
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", wheel],
         check=True,

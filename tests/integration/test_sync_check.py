@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 from lightning.pytorch.callbacks import Callback
-from training_utils import REPO_ROOT, cli_command, cli_env, tiny_recipe, tiny_world  # noqa: F401
+from training_utils import REPO_ROOT, cli_command, cli_env, tiny_recipe
 
 from pretrain import config
 from pretrain.training.host_sync import HostSyncError, SyncCheck

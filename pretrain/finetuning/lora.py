@@ -1,0 +1,63 @@
+"""LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") on our backbone through the
+``peft`` library: every targeted ``nn.Linear`` ``W`` of the transformer blocks becomes ``W x + (alpha / r) B A x``
+with ``A`` (r, d_in) Gaussian-initialised, ``B`` (d_out, r) zero; ``W`` and every other backbone parameter are
+frozen (a task head stays trainable). ``merge`` folds ``B A`` into ``W`` (``peft``'s ``merge_and_unload``), giving
+a plain ``Transformer`` that exports like a pretrained one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from pretrain.finetuning.config import LoRAConfig
+from pretrain.models.transformer import Transformer
+
+ADAPTER = "default"
+
+
+def _peft_config(cfg: LoRAConfig) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
+    )
+
+
+def add_lora(backbone: Transformer, cfg: LoRAConfig) -> Any:
+    """Inject LoRA into ``backbone`` in place (its blocks' linears named in ``cfg.target_modules``), freezing
+    the rest of it; returns ``peft``'s ``LoraModel`` over it (for ``merge``). ValueError naming the backbone's
+    linears when a target matches none."""
+    try:
+        from peft.tuners.lora import LoraModel
+    except ImportError as err:
+        raise ValueError("finetune.lora needs the peft package: pip install 'pretrain[lora]'") from err
+    stacks = [s for s in (backbone.encoder, backbone.decoder) if s is not None]
+    in_blocks = {
+        n.rsplit(".", 1)[-1] for s in stacks for n, m in s.named_modules() if isinstance(m, nn.Linear)
+    }
+    unknown = sorted(set(cfg.target_modules) - in_blocks)
+    if unknown:
+        raise ValueError(
+            f"lora.target_modules {unknown} name no linear layer of the backbone's blocks; "
+            f"choose from {sorted(in_blocks)}"
+        )
+    # targets are block linears only: e.g. "out" would otherwise also match a task head's output layer
+    return LoraModel(backbone, _peft_config(cfg), ADAPTER)
+
+
+def merge(lora: Any) -> Transformer:
+    """The backbone with ``W + (alpha / r) B A`` in place of each LoRA layer (same function, plain layout)."""
+    return lora.merge_and_unload()
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameters of ``model`` (shared tensors once)."""
+    params = {id(p): p for p in model.parameters()}.values()
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def trainable_summary(model: nn.Module) -> str:
+    """``trainable parameters: N of M (p %)``."""
+    trainable, total = parameter_counts(model)
+    return f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.2f} %)"

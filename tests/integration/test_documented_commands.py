@@ -1,0 +1,90 @@
+"""The documented commands run as written, in their order, right after ``make demo`` and do what they say
+(issue 22): the README's CLI block and sharded CPU example, and the recipes README's first and tiny-recipe blocks.
+``PRETRAIN_OVERRIDES`` cuts every run to 2 steps; the commands themselves are read from the READMEs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from training_utils import REPO_ROOT, cli_env
+
+SHORT = {
+    "fit": "trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 checkpoint.every_n_steps=2 "
+    "data.micro_batch_size=2 logger.wandb.enabled=false",
+    "validate": "trainer.limit_val_batches=1 data.micro_batch_size=2",
+    "baseline": "trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 data.micro_batch_size=2 "
+    "logger.wandb.enabled=false",
+    "finetune": "trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 data.micro_batch_size=4",
+    "evaluate": "limit=2",
+}
+
+
+def commands(readme: Path, after: str) -> list[list[str]]:
+    """The ``pretrain ...`` lines of the first ```bash block after the line starting with ``after``."""
+    text = readme.read_text()
+    block = re.search(r"```bash\n(.*?)```", text[text.index(after) :], re.S).group(1)
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("pretrain ")]
+
+
+def run(work: Path, argv: list[str], verb: str | None = None) -> str:
+    verb = verb or argv[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pretrain", *argv[1:]] if argv[0] == "pretrain" else argv,
+        cwd=work,
+        env=cli_env(PRETRAIN_OVERRIDES=SHORT.get(verb, ""), PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_documented_commands_run_in_order_after_make_demo(tmp_path):
+    work = tmp_path / "work"
+    (work / "recipes").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "recipes" / "demo.sh", work / "recipes" / "demo.sh")  # it runs from its parent
+    shared = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    if shared.is_dir():  # `--data-root ../shared/data` as the README writes it
+        (tmp_path / "shared").mkdir()
+        (tmp_path / "shared" / "data").symlink_to(shared.resolve())
+        dev = tmp_path / "dev.tsv"  # the finetune's final evaluation on 16 SST-2 rows, not 872
+        dev.write_text("".join((shared / "cls/glue/SST-2/dev.tsv").read_text().splitlines(True)[:17]))
+        SHORT["finetune"] += f" data.val_file={dev}"
+    run(work, ["bash", "recipes/demo.sh"], verb="fit")  # `make demo` after `make install`
+    assert (work / "runs/gpt-tiny/checkpoints/last.ckpt").is_file()
+
+    readme = commands(REPO_ROOT / "README.md", "## The CLI")
+    assert len(readme) == 10
+    for argv in readme:
+        if not shared.is_dir() and argv[1] in ("finetune", "evaluate"):
+            continue  # their data is the shared directory (present in CI)
+        out = run(work, argv)
+        if argv[1] == "fit":  # a new run of 2 layers, not a refused resume of the demo's 4-layer run
+            saved = torch.load(work / "runs/gpt-tiny-2layer/checkpoints/last.ckpt", weights_only=True)
+            assert saved["pretrain"]["config"]["model"]["n_layer"] == 2
+        if argv[1] == "generate":
+            assert "ROMEO:" in out
+    assert (work / "hf-out" / "config.json").is_file() and (work / "curves.png").is_file()
+
+    # the sharded example: a new run that trains, not the finished demo run resumed for 0 steps
+    (fsdp, _) = commands(REPO_ROOT / "recipes" / "README.md", "The sharded strategies run on CPUs too")
+    assert "steps: 2" in run(work, fsdp)
+    assert (work / "runs/gpt-tiny-fsdp/checkpoints/last.ckpt").exists()
+
+    for argv in commands(REPO_ROOT / "recipes" / "README.md", "A recipe is a YAML file"):
+        run(work, argv)
+    tiny = commands(REPO_ROOT / "recipes" / "README.md", "All use a 1024-token byte-level BPE")
+    for argv in tiny:
+        out = run(work, argv)
+    assert "returns the spans its input's sentinels stand for" in out  # the T5 sample says what it is

@@ -1,0 +1,188 @@
+"""`pretrain finetune` under FSDP2 and DeepSpeed ZeRO-3 equals DDP on 2 gloo ranks (training losses, validation
+metrics and finetuned weights within 1e-5 relative) for a classification head (full finetuning) and for T5
+text-to-text (LoRA adapters, merged into ``finetuned.pt``); an FSDP run stopped and resumed
+from its sharded checkpoint equals the uninterrupted one; ``finetuned.pt`` is consolidated from sharded
+checkpoints; a text-to-text checkpoint exports to transformers like a pretrained one.
+
+All runs share one launch of 2 ranks (``finetune_worker.py``). The validation file has an odd number of examples,
+so one rank's shard is padded: sharded strategies need the same forward passes on every rank.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from training_utils import REPO_ROOT, launch_metrics, metric_by_step, read_metrics, run_ranks
+
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+WORDS = {1: ["good", "great", "fine", "lovely"], 0: ["bad", "awful", "poor", "dull"]}
+FILLER = ["the", "film", "movie", "plot", "was", "is", "a", "really"]
+TINY = {"vocab_size": 448, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 48}
+BERT = TINY | {
+    "arch": "encoder",
+    "norm_position": "post",
+    "embedding_norm": True,
+    "activation": "gelu",
+    "type_vocab_size": 2,
+    "init": "bert",
+    "dropout": 0.0,
+    "attn_dropout": 0.0,
+}
+T5 = TINY | {
+    "arch": "encoder-decoder",
+    "n_decoder_layer": 1,
+    "norm": "rmsnorm",
+    "norm_bias": False,
+    "position": "relative",
+    "attn_scale": "none",
+    "activation": "relu",
+    "mlp_bias": False,
+    "attn_bias": False,
+    "init": "t5",
+    "dropout": 0.0,
+    "decoder_start_token_id": 0,
+    "pad_token_id": 0,
+}
+STEPS = 6
+LORA = {"r": 4, "alpha": 8, "target_modules": ["qkv", "q", "kv", "out", "fc", "proj"]}
+STRATEGIES = {
+    "ddp": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}},
+    "fsdp": {"name": "fsdp"},
+    "zero3": {"name": "deepspeed", "deepspeed": {"stage": 3}},
+}
+
+
+def _files(root: Path) -> Path:
+    """Synthetic sentiment TSVs (256 train, 63 dev: an odd count) and a byte-level BPE trained on them."""
+    from datamodules.tokenizer import train_bpe
+
+    rng = random.Random(0)
+    for split, n in (("train", 256), ("dev", 63)):
+        rows = []
+        for _ in range(n):
+            label = rng.randint(0, 1)
+            words = rng.sample(FILLER, 4) + [rng.choice(WORDS[label])]
+            rng.shuffle(words)
+            rows.append(f"{' '.join(words)}\t{label}\n")
+        (root / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(rows))
+    (root / "corpus.txt").write_text(" ".join(WORDS[0] + WORDS[1] + FILLER) * 20)
+    train_bpe(root / "corpus.txt", 400, root / "tokenizer.json", show_progress=False)
+    return root
+
+
+def _config(files: Path, run_dir: Path, model: dict, strategy: str, **sections) -> dict:
+    cfg = {
+        "name": run_dir.name,
+        "run_dir": str(run_dir),
+        "init": {"model": model, "tokenizer": str(files / "tokenizer.json")},
+        "head": {"dropout": 0.0},
+        "data": {
+            "task": "sst2",
+            "train_file": str(files / "train.tsv"),
+            "val_file": str(files / "dev.tsv"),
+            "micro_batch_size": 8,
+            "max_length": 24,
+            "max_target_length": 4,
+        },
+        "optim": {"lr": 3e-3, "warmup_steps": 2, "decay_steps": STEPS},
+        "trainer": {
+            "max_steps": STEPS,
+            "accelerator": "cpu",
+            "devices": 2,
+            "val_check_interval": 100,
+            "log_every_n_steps": 1,
+            "progress_bar": False,
+        },
+        "strategy": STRATEGIES[strategy],
+        "guards": {"hang": {"enabled": False}},
+        "decoding": {"strategy": "greedy", "max_new_tokens": 4},
+    }
+    for key, value in sections.items():
+        cfg[key] = cfg.get(key, {}) | value
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of this module in one 2-rank launch: ``{name: run_dir}``."""
+    root = tmp_path_factory.mktemp("finetune-strategies")
+    files = _files(root)
+    configs = []
+    t2t = {"head": {"kind": "text2text", "dropout": 0.0}, "lora": LORA}  # text-to-text with LoRA adapters
+    for kind, model, sections in (("seq", BERT, {}), ("t2t", T5, t2t)):
+        for strategy in ("ddp", "fsdp", *(["zero3"] if HAS_DEEPSPEED and kind == "seq" else [])):
+            configs.append(_config(files, root / f"{kind}-{strategy}", model, strategy, **sections))
+    # stopped after 3 steps, then resumed (resume=auto) from the sharded checkpoint to STEPS
+    for steps in (3, STEPS):
+        configs.append(_config(files, root / "seq-fsdp-resumed", BERT, "fsdp", trainer={"max_steps": steps}))
+    (root / "configs.json").write_text(json.dumps(configs))
+    run_ranks(REPO_ROOT / "tests" / "finetune_worker.py", str(root / "configs.json"), log_dir=root)
+    return {Path(c["run_dir"]).name: Path(c["run_dir"]) for c in configs}
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return metric_by_step(read_metrics(run_dir), "train/loss")
+
+
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("kind", "strategy"), [("seq", "fsdp"), ("seq", "zero3"), ("t2t", "fsdp")], ids=lambda x: x
+)
+def test_sharded_finetuning_equals_ddp(runs, kind, strategy):
+    if strategy == "zero3" and not HAS_DEEPSPEED:
+        pytest.skip("deepspeed is not installed")
+    ddp, sharded = runs[f"{kind}-ddp"], runs[f"{kind}-{strategy}"]
+    assert len(_losses(ddp)) == STEPS
+    assert _losses(sharded) == pytest.approx(_losses(ddp), rel=1e-5)
+    val = _results(ddp)["val"]
+    assert set(val) >= {"loss", "accuracy"}
+    assert _results(sharded)["val"] == pytest.approx(val, rel=1e-5)
+    from pretrain.finetuning.checkpoint import load_finetuned
+
+    (reference, _, _), (model, _, _) = (load_finetuned(d / "finetuned.pt") for d in (ddp, sharded))
+    ours = model.state_dict()
+    for name, weight in reference.state_dict().items():
+        torch.testing.assert_close(ours[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_fsdp_finetuning_resumes_exactly(runs):
+    """3 steps, stop, resume from the sharded ``last.ckpt``: the losses of steps 4-6 and the final metrics are
+    those of the uninterrupted run (the example order continues where it stopped)."""
+    resumed, whole = runs["seq-fsdp-resumed"], runs["seq-fsdp"]
+    assert (resumed / "checkpoints" / "last.ckpt").is_dir()  # a sharded checkpoint directory
+    launches = [metric_by_step(rows, "train/loss") for rows in launch_metrics(resumed)]
+    assert sorted(launches[0]) == [0, 1, 2] and sorted(launches[1]) == [3, 4, 5]
+    assert launches[0] | launches[1] == pytest.approx(_losses(whole), rel=1e-5)
+    assert _results(resumed)["val"] == pytest.approx(_results(whole)["val"], rel=1e-5)
+
+
+def test_text_to_text_finetuned_model_exports_like_a_pretrained_one(runs, tmp_path):
+    """`pretrain export` of the FSDP LoRA run's ``finetuned.pt`` (consolidated from sharded checkpoints, adapters
+    merged): transformers' T5 gives the finetuned model's logits."""
+    import transformers
+
+    from pretrain.cli import main
+    from pretrain.finetuning.checkpoint import load_finetuned
+
+    run_dir = runs["t2t-fsdp"]
+    assert (run_dir / "checkpoints" / "last.ckpt").is_dir()
+    assert main(["export", str(run_dir / "finetuned.pt"), str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    model, _, tokenizer = load_finetuned(run_dir / "finetuned.pt")
+    ids = torch.tensor([tokenizer.encode("the film was good").ids])
+    start = torch.tensor([[0, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf(input_ids=ids, decoder_input_ids=start).logits,
+            model(input_ids=ids, decoder_input_ids=start).logits,
+            rtol=1e-4,
+            atol=1e-5,
+        )

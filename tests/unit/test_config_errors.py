@@ -1,0 +1,60 @@
+"""Config input that used to give a raw OmegaConf report, a misleading message or a wrong run (issue 22): one line
+naming the key and the fix, from the ``pretrain`` command with exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pretrain import config
+from pretrain.cli import main
+
+GPT_TINY = Path(__file__).resolve().parents[2] / "recipes" / "gpt-tiny.yaml"
+
+
+def one_error_line(capsys, *args) -> str:
+    status = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith(f"pretrain {args[0]}: error: ")]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_run_name_cannot_escape_the_runs_directory(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(capsys, "fit", GPT_TINY, "name=../../escaped")
+    assert "must be a plain run name" in line and "run_dir=PATH" in line
+    assert not any(tmp_path.parent.parent.glob("escaped"))
+    assert config.load(GPT_TINY, ["run_dir=elsewhere/run"])[0].run_dir == "elsewhere/run"  # the named fix
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.sources={name: x}", "data.sources is a list; give a list (data.sources=[{...}])"),
+        ("data.sources.name=x", "address an item by its index (data.sources.0.name=...)"),
+        ("objective.options.document_masking=3", "objective.options.document_masking: expected bool, got int 3"),
+        ("name=${modle.d_model}", "cannot resolve name: Interpolation key 'modle.d_model' not found"),
+    ],
+)
+def test_override_errors_are_one_line(capsys, override, message):
+    assert message in one_error_line(capsys, "fit", GPT_TINY, override)
+
+
+def test_an_override_may_interpolate_another_key():
+    run, _ = config.load(GPT_TINY, ["name=gpt-d${model.d_model}"])
+    assert run.name == f"gpt-d{run.model.d_model}"
+
+
+def test_sources_given_as_a_mapping_in_a_recipe(capsys, tmp_path):
+    recipe = tmp_path / "mapping.yaml"
+    recipe.write_text(f"defaults: [data/shakespeare]\nname: m\ndata:\n  sources: {{name: x, text: [a.txt]}}\n")
+    line = one_error_line(capsys, "fit", recipe)
+    assert "data.sources is a list in one place and a mapping in another" in line
+
+
+def test_a_recipe_listing_itself_in_its_defaults(capsys, tmp_path):
+    recipe = tmp_path / "loop.yaml"
+    recipe.write_text("defaults: [model/gpt-tiny, loop]\nname: loop\n")
+    assert "its defaults list the recipe itself ('loop')" in one_error_line(capsys, "fit", recipe)

@@ -1,0 +1,72 @@
+"""One error path for every verb (``pretrain.errors``): known kinds of failure become one line with the fix and
+exit status 2, wherever in the verb they arise; ``--debug`` gives the traceback; anything else stays a traceback."""
+
+from __future__ import annotations
+
+import errno
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pretrain import errors
+from pretrain.cli import main
+from pretrain.training.lightning_compat import StepProgressBar
+
+
+@pytest.fixture
+def failing_validate(monkeypatch):
+    """``pretrain validate`` whose work raises the exception given to the returned setter."""
+
+    def fail_with(exc: BaseException) -> None:
+        def handler(args):
+            raise exc
+
+        monkeypatch.setattr("pretrain.training.cli.cmd_validate", handler)
+
+    return fail_with
+
+
+@pytest.mark.parametrize(
+    "exc, expected",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "lower data.micro_batch_size"),
+        (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8 GB"), "out of memory"),
+        (OSError(errno.ENOSPC, "No space left on device", "runs/x/last.ckpt"), "free space there"),
+        (PermissionError(errno.EACCES, "Permission denied", "/ro/x"), "choose a path you may write"),
+        (
+            RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:2"),
+            "another rank of this run died",
+        ),
+        (IsADirectoryError(errno.EISDIR, "Is a directory", "runs/x"), "Is a directory"),
+    ],
+)
+def test_known_failures_are_one_line_with_the_fix(capsys, failing_validate, exc, expected):
+    failing_validate(exc)
+    assert main(["validate", "recipe.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pretrain validate: error: ") and expected in err, err
+
+
+def test_debug_shows_the_traceback_and_a_bug_keeps_it(failing_validate, monkeypatch):
+    failing_validate(torch.OutOfMemoryError("CUDA out of memory"))
+    with pytest.raises(torch.OutOfMemoryError):
+        main(["validate", "recipe.yaml", "--debug"])
+    monkeypatch.setenv("PRETRAIN_DEBUG", "1")
+    with pytest.raises(torch.OutOfMemoryError):
+        main(["validate", "recipe.yaml"])
+    monkeypatch.delenv("PRETRAIN_DEBUG")
+    failing_validate(KeyError("a bug"))
+    with pytest.raises(KeyError):
+        main(["validate", "recipe.yaml"])
+
+
+def test_a_dead_rank_is_named_with_how_to_resume():
+    line = str(errors.RankDied([1], this_rank=0, cause=RuntimeError("Connection reset by peer")))
+    assert line.startswith("rank 1 died") and "rerun the same command to resume" in line
+
+
+def test_the_progress_bar_has_no_negative_epoch_count():
+    bar = StepProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=-1)
+    assert bar._get_train_description(1).strip() == "Epoch 1"
