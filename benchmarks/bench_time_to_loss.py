@@ -240,7 +240,6 @@ def driver(recipe: str, val_text: str, every: int) -> None:
     from tokenizers import Tokenizer
 
     from pretrain import config
-    from pretrain.models.transformer import Block
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
@@ -259,7 +258,7 @@ def driver(recipe: str, val_text: str, every: int) -> None:
                 print(f"EVAL {step} {loss:.5f} {excluded:.3f}", flush=True)
 
     parts = prepare_run(run, resolved)
-    trainer = build_trainer(run, resolved, block_classes={Block}, callbacks=[Score()])
+    trainer = build_trainer(run, resolved, callbacks=[Score()])
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
 
 
