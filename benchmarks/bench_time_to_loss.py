@@ -267,11 +267,12 @@ def run_pretrain(recipe: Path, work: Path, name: str, threads: int, every: int) 
         launch(["pretrain", verb, str(recipe)], REPO, threads, work / f"{name}.{verb}.log")
     cmd = [sys.executable, __file__, "--driver", str(recipe), str(work / "val.txt"), str(every)]
     wall, cpu, lines = launch(cmd, REPO, threads, work / f"{name}.log")
-    curve = []
+    curve, excluded = [], 0.0
     for t, line in lines:
         if m := re.match(r"EVAL (\d+) ([\d.]+) ([\d.]+)", line):
-            curve.append((t - float(m[3]), int(m[1]), float(m[2])))
-    return {"wall": wall - (float(m[3]) if curve else 0.0), "cpu": cpu, "curve": curve}
+            excluded = float(m[3])
+            curve.append((t - excluded, int(m[1]), float(m[2])))
+    return {"wall": wall - excluded, "cpu": cpu, "curve": curve}
 
 
 def time_to(curve: list[tuple[float, int, float]], target: float) -> tuple[float, int] | None:
