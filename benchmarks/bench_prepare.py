@@ -20,6 +20,13 @@ The corpus is WikiText-2 + Tiny Shakespeare from ``$PRETRAIN_SHARED_DATA`` (else
 repeated to ``--size-mb``; the tokenizer is GPT-2's (else a BPE trained on the shipped corpus). Usage::
 
     python benchmarks/bench_prepare.py [--size-mb 16] [--repeats 3] [--tokenizer PATH]
+
+``--growth 100,1000 --tasks 1,2`` measures cost as the corpus grows: the text (paragraphs shuffled by a fixed
+seed, as JSONL in 8 files so tasks have files to split) tokenized by ``prepare(num_workers=N)``,
+``prepare_in_tasks`` (datatrove local executor, N tasks) and datatrove's own ``JsonlReader`` ->
+``DocumentTokenizer`` (N tasks, no shuffling) with the same tokenizer and EOS. Each run is a fresh process;
+it reports tokens per CPU second (tokens/s per core: the CPU time of the process and its workers) and the
+peak RSS of the largest process (``ru_maxrss``); flat memory means the peak does not grow with the size.
 """
 
 from __future__ import annotations
@@ -124,7 +131,16 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=None)
     parser.add_argument("--skip-run-clm", action="store_true")
     parser.add_argument("--scaling", default=None, help="comma list of worker counts, e.g. 1,2")
+    parser.add_argument("--growth", default=None, help="comma list of corpus sizes in MB, e.g. 100,1000")
+    parser.add_argument("--tasks", default="1,2", help="--growth: worker / task counts")
+    parser.add_argument(
+        "--one", nargs=4, metavar=("METHOD", "CORPUS_DIR", "TOKENIZER", "N"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
+    if args.one:
+        return one_growth_run(*args.one)
+    if args.growth:
+        return growth(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -212,6 +228,152 @@ def scaling(args, corpus: Path, tokenizer, tokenizer_file: Path, tmp: Path, size
             print(
                 f"prepare / run_clm at {n} process(es): wall {clm.wall / prep.wall:.2f}x, cpu {clm.cpu / prep.cpu:.2f}x"
             )
+
+
+def write_jsonl_corpus(directory: Path, size_mb: float, files: int = 8) -> int:
+    """The benchmark text, paragraphs shuffled (seed 0) and repeated to ``size_mb``, as ``files`` JSONL files."""
+    import json
+    import random
+
+    source = build_corpus(directory / "raw.txt", min(size_mb, 16))
+    paragraphs = [p for p in source.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    source.unlink()
+    rng, written, target = random.Random(0), 0, size_mb * 1e6
+    outs = [open(directory / f"part-{i:02d}.jsonl", "w", encoding="utf-8") for i in range(files)]  # noqa: SIM115
+    try:
+        while written < target:
+            rng.shuffle(paragraphs)
+            for k, paragraph in enumerate(paragraphs):
+                line = json.dumps({"text": paragraph}) + "\n"
+                outs[(written * files // int(target) if target else 0) % files].write(line)
+                written += len(line.encode())
+                if written >= target:
+                    break
+    finally:
+        for f in outs:
+            f.close()
+    return written
+
+
+def one_growth_run(method: str, corpus_dir: str, tokenizer_path: str, n: str) -> None:
+    """One ``--growth`` measurement in this (fresh) process; prints ``tokens cpu_s wall_s peak_rss_kB``."""
+    import json
+
+    n, files = int(n), sorted(str(p) for p in Path(corpus_dir).glob("part-*.jsonl"))
+    out = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
+    start = time.perf_counter()
+    if method == "prepare":
+        meta = prepare(files, tokenizer_path, out / "p", val_fraction=0.01, progress=False, num_workers=n)
+        tokens = sum(x["tokens"] for x in meta["splits"].values())
+    elif method == "executor":
+        from datamodules.executors import prepare_in_tasks
+
+        # fork: the task processes are this process's children, so their CPU time is counted (not a forkserver's)
+        meta = prepare_in_tasks(
+            files,
+            tokenizer_path,
+            out / "p",
+            tasks=n,
+            workers=n,
+            val_fraction=0.01,
+            executor_options={"start_method": "fork"},
+        )
+        tokens = sum(x["tokens"] for x in meta["splits"].values())
+    else:
+        from datatrove.executor import LocalPipelineExecutor
+        from datatrove.pipeline.readers import JsonlReader
+        from datatrove.pipeline.tokens import DocumentTokenizer
+
+        pipeline = [
+            JsonlReader(corpus_dir, glob_pattern="part-*.jsonl"),
+            DocumentTokenizer(
+                str(out / "dt"),
+                tokenizer_name_or_path=tokenizer_path,
+                eos_token="</s>",
+                shuffle_documents=False,
+                batch_size=1024,
+            ),
+        ]
+        LocalPipelineExecutor(
+            pipeline, tasks=n, workers=n, logging_dir=str(out / "logs"), start_method="fork"
+        ).run()
+        tokens = sum(
+            json.loads(p.read_text())["token_count"]
+            if p.suffix == ".json"
+            else int(p.read_text().split("\n")[1])
+            for p in (out / "dt").glob("*.metadata")
+        )
+    wall = time.perf_counter() - start
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    print(tokens, f"{cpu:.2f}", f"{wall:.2f}", max(own.ru_maxrss, kids.ru_maxrss))
+
+
+def growth(args) -> None:
+    """Cost as the corpus grows (see the module docstring)."""
+    import subprocess
+    import sys
+
+    sizes, counts = [float(x) for x in args.growth.split(",")], [int(x) for x in args.tasks.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if args.tokenizer is not None:
+            tokenizer = load_tokenizer(args.tokenizer)
+        elif (SHARED / "tokenizers/gpt2/vocab.json").is_file():
+            tokenizer = load_tokenizer(SHARED / "tokenizers/gpt2")
+        else:
+            tokenizer = train_bpe(REPO / "recipes/data/tinyshakespeare.txt", 8192, show_progress=False)
+        tokenizer.add_special_tokens(["</s>"])
+        tokenizer_file = save_tokenizer(tokenizer, tmp / "tok")
+        for size in sizes:
+            corpus = tmp / f"c{size:g}"
+            corpus.mkdir()
+            written = write_jsonl_corpus(corpus, size)
+            for n in counts:
+                for method in ("prepare", "executor", "datatrove"):
+                    env = {**os.environ, "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+                    proc = subprocess.run(
+                        [sys.executable, __file__, "--one", method, str(corpus), str(tokenizer_file), str(n)],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                        check=False,
+                    )
+                    if proc.returncode:
+                        print(f"{method} {n} failed:\n{proc.stderr[-2000:]}")
+                        continue
+                    tokens, cpu, wall, rss = proc.stdout.split()[-4:]
+                    rows.append(
+                        (size, written / 1e6, method, n, int(tokens), float(cpu), float(wall), int(rss))
+                    )
+                    r = rows[-1]
+                    print(
+                        f"{r[1]:8.1f} MB {method:<10} n={n} tokens {r[4]:>12,} wall {r[6]:8.1f} s  "
+                        f"tokens/s/core {r[4] / r[5]:>10,.0f}  peak RSS {r[7] / 1024:7.0f} MB",
+                        flush=True,
+                    )
+            import shutil
+
+            shutil.rmtree(corpus)
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    base = {(m, n): r for r in rows if r[0] == sizes[0] for m, n in [(r[2], r[3])]}
+    for r in rows:
+        if r[0] != sizes[0] and (r[2], r[3]) in base:
+            b = base[r[2], r[3]]
+            print(
+                f"{r[2]:<10} n={r[3]}: {b[1]:.0f} -> {r[1]:.0f} MB: peak RSS x{r[7] / b[7]:.2f}, tokens/s/core "
+                f"x{(r[4] / r[5]) / (b[4] / b[5]):.2f}"
+            )
+    for size in sizes:
+        for n in counts:
+            got = {r[2]: r for r in rows if r[0] == size and r[3] == n}
+            if "prepare" in got and "datatrove" in got:
+                p, d = got["prepare"], got["datatrove"]
+                print(
+                    f"{p[1]:.0f} MB n={n}: prepare / datatrove tokens/s/core {(p[4] / p[5]) / (d[4] / d[5]):.2f}x, "
+                    f"peak RSS {p[7] / d[7]:.2f}x"
+                )
 
 
 if __name__ == "__main__":

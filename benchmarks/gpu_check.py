@@ -17,6 +17,15 @@ d=64):
   Hugging Face directory (``pretrain export``) and check its logits equal ours (``load_model``).
 - ``generation``: ``bench_generation.py``: tokens/s vs transformers' ``generate()``; greedy and beam outputs
   must be identical (the 1.2x target is reported, not enforced).
+- ``float8``: the train leg's run without compile, bf16 against bf16 + ``trainer.float8=true`` (torchao, same
+  seed and data): tokens/s ratio and final-loss difference (within 1 %). CPU mode: config validation must
+  refuse float8 in one line.
+- ``plan-ddp`` / ``plan-fsdp`` (GPU only): ``pretrain plan``'s per-GPU estimate for the strategy at the
+  profile's micro-batch against ``torch.cuda.max_memory_allocated`` of a few real steps (within 15 %).
+
+The train leg runs with ``trainer.sync_check=error`` (no host-device sync on a step that does not log) and
+reports MFU with the tested dense peak of ``pretrain.training.throughput`` (its FLOP convention and peak in
+the result).
 
 Bootstrap: the repository goes on ``PYTHONPATH`` of every child process; modules the machine lacks (omegaconf,
 deepspeed, wandb, ...) are installed from ``--wheels`` (default ``benchmarks/wheels``, made by
@@ -42,11 +51,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "recipes" / "data" / "tinyshakespeare.txt"
 # importable module -> pip requirement carried as a wheel (their own dependencies are fetched alongside)
-NEEDED = {"omegaconf": "omegaconf", "deepspeed": "deepspeed", "wandb": "wandb"}
+NEEDED = {"omegaconf": "omegaconf", "deepspeed": "deepspeed", "wandb": "wandb", "torchao": "torchao==0.18.0"}
 SDIST_ONLY = ["antlr4-python3-runtime==4.9.3", "deepspeed"]  # built into wheels here (pure Python), no deps
 # binary wheels fetched with their dependencies (torch excluded: deepspeed's own ones are listed instead)
 BINARY = ["omegaconf", "wandb", "pydantic", "hjson", "ninja", "py-cpuinfo", "msgpack", "nvidia-ml-py", "einops",
-          "psutil", "tqdm"]  # fmt: skip
+          "psutil", "tqdm", "torchao==0.18.0"]  # fmt: skip
 STRATEGIES = {
     "single": [],
     "ddp": ["strategy.name=ddp"],
@@ -62,11 +71,13 @@ PROFILES = {
         "corpus_bytes": None,  # all of it
         "seq_len": 1024,
         "micro_batch": 16,
-        "train": {"steps": 130, "window": 100, "log_every": 10, "compile": True},
+        "train": {"steps": 130, "window": 100, "log_every": 10, "compile": True, "sync_check": "error"},
+        "float8_steps": 60,
+        "plan_steps": 4,
         "resume_steps": 10,
         "generation": ["--device", "cuda", "--size", "124m", "--rounds", "3", "--new-tokens", "64"],
         "loss_rtol": 2e-2,  # GPU kernels (atomics, flash backward) are not bitwise deterministic
-        "timeouts": {"data": 300, "train": 900, "resume": 900, "generation": 900},
+        "timeouts": {"data": 300, "train": 900, "resume": 900, "generation": 900, "float8": 900, "plan": 600},
     },
     "cpu": {
         "defaults": "[model/gpt-tiny, objective/clm, tokenizer/shakespeare-bpe, data/shakespeare, optim/tiny, "
@@ -76,11 +87,13 @@ PROFILES = {
         "corpus_bytes": 200_000,  # the first 200 kB of the corpus
         "seq_len": 64,
         "micro_batch": 8,
-        "train": {"steps": 16, "window": 4, "log_every": 2, "compile": False},
+        "train": {"steps": 16, "window": 4, "log_every": 2, "compile": False, "sync_check": "error"},
+        "float8_steps": 4,
+        "plan_steps": 2,
         "resume_steps": 3,
         "generation": ["--device", "cpu", "--size", "tiny", "--rounds", "1", "--new-tokens", "4"],
         "loss_rtol": 1e-4,
-        "timeouts": {"data": 120, "train": 120, "resume": 180, "generation": 120},
+        "timeouts": {"data": 120, "train": 120, "resume": 180, "generation": 120, "float8": 60, "plan": 300},
     },
 }
 
@@ -217,7 +230,7 @@ def leg_train(work: Path, profile: dict, log: Path) -> dict:
     overrides = [f"run_dir={run_dir}", "resume=null", f"trainer.max_steps={t['steps']}",
                  f"trainer.throughput_window={t['window']}", f"trainer.log_every_n_steps={t['log_every']}",
                  f"trainer.compile={str(t['compile']).lower()}", f"checkpoint.every_n_steps={t['steps']}",
-                 "optim.warmup_steps=5"]  # fmt: skip
+                 "optim.warmup_steps=5", f"trainer.sync_check={t['sync_check']}"]  # fmt: skip
     start = log.stat().st_size  # the parent started this leg with TORCH_LOGS=graph_breaks,recompiles
     pretrain(["fit", str(work / "recipe.yaml"), *overrides], profile["devices"])
     m = metrics(run_dir)
@@ -230,6 +243,8 @@ def leg_train(work: Path, profile: dict, log: Path) -> dict:
         "measured_steps": t["window"],
         "tokens_per_s_per_device": m["train/device/items_per_sec"][last],
         "mfu": m.get("train/device/mfu", {}).get(last),
+        **peak_used(),
+        "sync_check": t["sync_check"],
         "first_loss": losses[0],
         "last_loss": losses[-1],
         **events,
@@ -243,6 +258,91 @@ def leg_train(work: Path, profile: dict, log: Path) -> dict:
         problems.append(f"{events['graph_breaks']} graph breaks, {events['recompiles']} recompiles")
     if problems:
         raise AssertionError("; ".join(problems) + f" | {result}")
+    return result
+
+
+def peak_used() -> dict:
+    """The device, the dense bf16 peak MFU divides by (the tested table) and the FLOP convention."""
+    import torch
+
+    from pretrain.training.throughput import MFU_CONVENTION, peak_for
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device_name": name, "peak_bf16_flops": peak_for(name, "bf16"), "mfu_convention": MFU_CONVENTION}
+
+
+def leg_float8(work: Path, profile: dict) -> dict:
+    """bf16 vs bf16 + float8, same seed and data, eager: tokens/s and the final loss (GPU); the refusal (CPU)."""
+    recipe = work / "recipe.yaml"
+    if profile.get("cpu"):
+        from pretrain import config
+
+        try:
+            config.load(recipe, ["trainer.float8=true"])
+        except ValueError as err:
+            message = str(err)
+            if "needs CUDA GPUs" not in message or "\n" in message:
+                raise AssertionError(f"float8 refused with an unclear message: {message!r}") from None
+            return {"refused_on_cpu": message}
+        raise AssertionError("trainer.float8=true was accepted on the CPU")
+    n = profile["float8_steps"]
+    out = {}
+    for name, extra in (("bf16", []), ("float8", ["trainer.float8=true"])):
+        run_dir = work / f"float8-{name}"
+        pretrain(["fit", str(recipe), f"run_dir={run_dir}", "resume=null", f"trainer.max_steps={n}",
+                  "trainer.compile=false", f"trainer.throughput_window={n // 2}", "trainer.log_every_n_steps=5",
+                  f"checkpoint.every_n_steps={n}", *extra], profile["devices"])  # fmt: skip
+        m = metrics(run_dir)
+        last = max(m["train/device/items_per_sec"])
+        out[name] = {"tokens_per_s": m["train/device/items_per_sec"][last], "loss": final_loss(run_dir, n)}
+    result = {
+        "tokens_per_s_ratio": out["float8"]["tokens_per_s"] / out["bf16"]["tokens_per_s"],
+        "loss_bf16": out["bf16"]["loss"],
+        "loss_float8": out["float8"]["loss"],
+        "loss_rel_diff": abs(out["float8"]["loss"] - out["bf16"]["loss"]) / out["bf16"]["loss"],
+    }
+    if result["loss_rel_diff"] > 0.01:
+        raise AssertionError(f"float8 loss differs from bf16's by more than 1 % | {result}")
+    return result
+
+
+def leg_plan(work: Path, profile: dict, strategy: str) -> dict:
+    """``pretrain plan``'s per-GPU total for ``strategy`` against ``torch.cuda.max_memory_allocated`` of a few
+    real steps of the same recipe (eager; rank 0's peak)."""
+    import torch
+    from lightning.pytorch.callbacks import Callback
+
+    from pretrain import config
+    from pretrain.training import plan
+    from pretrain.training.setup import prepare_run
+    from pretrain.training.trainer import build_trainer
+
+    n = profile["plan_steps"]
+    overrides = [f"strategy.name={strategy}", f"run_dir={work / f'plan-{strategy}'}", "resume=null",
+                 f"trainer.max_steps={n}", "trainer.compile=false", "checkpoint.save_top_k=0",
+                 f"checkpoint.every_n_steps={10 * n}", "guards.nonfinite.enabled=false"]  # fmt: skip
+    run, resolved = config.load(work / "recipe.yaml", overrides)
+    estimate = plan.per_gpu(plan.trace(run, run.data.micro_batch_size, False), strategy, profile["devices"], run)
+
+    class Peak(Callback):
+        value = 0
+
+        def on_train_start(self, trainer, pl_module):
+            torch.cuda.reset_peak_memory_stats()
+
+        def on_train_end(self, trainer, pl_module):
+            Peak.value = torch.cuda.max_memory_allocated()
+
+    parts = prepare_run(run, resolved)
+    trainer = build_trainer(run, resolved, callbacks=[Peak()])
+    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    if trainer.global_rank != 0:
+        sys.exit(0)  # a rank Lightning started: rank 0 reports
+    result = {"strategy": strategy, "gpus": profile["devices"], "estimate_bytes": estimate["total"],
+              "measured_bytes": Peak.value, "ratio": estimate["total"] / max(1, Peak.value),
+              "estimate_parts": estimate}  # fmt: skip
+    if not 0.85 <= result["ratio"] <= 1.15:
+        raise AssertionError(f"plan is off by more than 15 % | {result}")
     return result
 
 
@@ -329,6 +429,10 @@ def run_leg(name: str, work: Path, profile: dict, log: Path) -> dict:
         return leg_train(work, profile, log)
     if name == "generation":
         return leg_generation(work, profile)
+    if name == "float8":
+        return leg_float8(work, profile)
+    if name in ("plan-ddp", "plan-fsdp"):
+        return leg_plan(work, profile, name[len("plan-") :])
     if name.startswith("resume-") and name[len("resume-") :] in STRATEGIES:
         return leg_resume(work, profile, name[len("resume-") :])
     raise ValueError(f"unknown leg {name!r}")
@@ -363,9 +467,9 @@ def launch(name: str, args: argparse.Namespace, work: Path, env: dict[str, str],
 
 def default_legs(cpu: bool, devices: int) -> list[str]:
     if cpu:
-        return ["data", "train", "resume-single", "generation"]
+        return ["data", "train", "resume-single", "generation", "float8"]
     return ["data", "train", "resume-ddp" if devices > 1 else "resume-single", "resume-fsdp", "resume-zero2",
-            "generation"]  # fmt: skip
+            "generation", "float8", "plan-ddp", "plan-fsdp"]  # fmt: skip
 
 
 def main() -> int:
@@ -386,13 +490,14 @@ def main() -> int:
         import torch
 
         work = Path(args.work)
-        profile = {**profile, "devices": 1 if args.cpu else torch.cuda.device_count()}
+        profile = {**profile, "devices": 1 if args.cpu else torch.cuda.device_count(), "cpu": args.cpu}
         try:
             result = {"status": "PASS", **run_leg(args.leg, work, profile, work / f"{args.leg}.log")}
         except Exception as err:  # noqa: BLE001 -- reported in the table, never raised past the leg
             traceback.print_exc()
             result = {"status": "FAIL", "error": f"{type(err).__name__}: {err}"}
-        (work / f"{args.leg}.result.json").write_text(json.dumps(result, indent=1))
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # ranks Lightning started run the leg too
+            (work / f"{args.leg}.result.json").write_text(json.dumps(result, indent=1))
         return 0 if result["status"] == "PASS" else 1
 
     import torch

@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,9 @@ class InvalidUTF8Error(ValueError):
     def __init__(self, location: str, detail: str):
         self.location, self.detail = location, detail
         super().__init__(self.with_fix("on_invalid_utf8"))
+
+    def __reduce__(self):  # picklable (a task of ``datamodules.executors`` sends it to the launcher)
+        return type(self), (self.location, self.detail)
 
     def with_fix(self, key: str) -> str:
         return f"{self.location}: invalid UTF-8 ({self.detail}); fix the file or set {key}=replace (or skip)"
@@ -80,6 +84,15 @@ class Source:
         path = Path(self.location)
         return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in _files_under(path))
 
+    def stat(self) -> tuple[int, int] | None:
+        """``(bytes, newest modification time in ns)`` of the file(s) on disk; None for a hub dataset."""
+        if self.kind == "hf_hub":
+            return None
+        path = Path(self.location)
+        files = [path] if path.is_file() else _files_under(path)
+        stats = [f.stat() for f in files]
+        return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+
     def fingerprint(self) -> str:
         """Content hash: sha256 of the file bytes (all files of a ``save_to_disk`` dir); for a hub
         dataset, the fingerprint ``datasets`` computed for the downloaded data."""
@@ -105,6 +118,8 @@ class CorpusStats:
     first_invalid_utf8: str | None = None
     empty_sources: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    null_texts: int = 0  # records / rows whose text is null (skipped)
+    first_null_text: str | None = None
 
     def warnings(self, on_invalid_utf8: str) -> list[str]:
         out = []
@@ -113,6 +128,10 @@ class CorpusStats:
             out.append(
                 f"{self.invalid_utf8_lines} line(s) of invalid UTF-8 {action} "
                 f"(first at {self.first_invalid_utf8}; on_invalid_utf8={on_invalid_utf8!r})"
+            )
+        if self.null_texts:
+            out.append(
+                f"{self.null_texts} record(s) with a null text skipped (first in {self.first_null_text})"
             )
         if self.empty_sources:
             out.append(
@@ -222,7 +241,12 @@ def _iter_text_blocks(
         f = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
         line_no, rest, consumed = 1, b"", 0
         while True:
-            block = f.read(_BLOCK)
+            try:
+                block = f.read(_BLOCK)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+                raise ValueError(
+                    f"{path}: truncated or corrupt gzip file ({err}); download or compress it again"
+                ) from None
             stats.bytes_read += raw.tell() - consumed
             consumed = raw.tell()
             data = rest + block
@@ -316,11 +340,14 @@ def _text_documents(path: str, document: str, policy: str, stats: CorpusStats) -
         yield carry
 
 
-def _record_text(record: object, text_field: str, where: str) -> str:
+def _record_text(record: object, text_field: str, where: str) -> str | None:
+    """The record's text; None for a null (counted as ``CorpusStats.null_texts`` and skipped, as in Parquet)."""
     if not isinstance(record, dict) or text_field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise ValueError(f"{where}: record has no field {text_field!r} (has {keys}); set text_field")
     value = record[text_field]
+    if value is None:
+        return None
     if not isinstance(value, str):
         raise ValueError(  # noqa: TRY004 (bad input is a ValueError project-wide)
             f"{where}: field {text_field!r} is {type(value).__name__}, expected a string"
@@ -356,7 +383,7 @@ def _parquet_documents(path: str, text_field: str, stats: CorpusStats) -> Iterat
     bytes_per_row = Path(path).stat().st_size / max(pf.metadata.num_rows, 1)
     for batch in pf.iter_batches(batch_size=4096, columns=[text_field]):
         stats.bytes_read += round(bytes_per_row * batch.num_rows)
-        yield from (t for t in batch.column(0).to_pylist() if t is not None)
+        yield from batch.column(0).to_pylist()
 
 
 def _dataset_documents(source: Source, text_field: str, stats: CorpusStats) -> Iterator[str]:
@@ -376,7 +403,7 @@ def _dataset_documents(source: Source, text_field: str, stats: CorpusStats) -> I
     for batch in ds.select_columns([text_field]).iter(batch_size=4096):
         texts = batch[text_field]
         stats.bytes_read += sum(map(len, texts))
-        yield from (t for t in texts if t is not None)
+        yield from texts
 
 
 def iter_documents(
@@ -405,7 +432,10 @@ def iter_documents(
         else:
             docs = _dataset_documents(source, text_field, stats)
         for doc in docs:
-            if doc and not doc.isspace():
+            if doc is None:
+                stats.null_texts += 1
+                stats.first_null_text = stats.first_null_text or source.location
+            elif doc and not doc.isspace():
                 stats.documents += 1
                 yield doc
             else:

@@ -31,44 +31,66 @@ from torch.utils.data import Dataset, DistributedSampler
 
 
 class PackedDataset(Dataset):
-    """Fixed-length samples of one token stream ``tokens (N,)``: sample i = ``tokens[i*L:(i+1)*L]``."""
+    """Fixed-length samples of one token stream ``tokens (N,)``: sample i = ``tokens[i*L:(i+1)*L]``. ``tokens``
+    may be a list of arrays (the shards of a corpus prepared in tasks), read as their concatenation."""
 
-    def __init__(self, tokens: np.ndarray, sample_length: int, name: str = "corpus"):
+    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray], sample_length: int, name: str = "corpus"):
         if sample_length < 1:
             raise ValueError(f"sample_length must be >= 1, got {sample_length}")
-        self.tokens = np.asarray(tokens)  # a plain view (no copy): indexing a np.memmap is slower
+        shards = (
+            [tokens] if isinstance(tokens, np.ndarray) else [t for t in tokens if len(t)] or list(tokens)[:1]
+        )
+        self.shards = [np.asarray(t) for t in shards]  # plain views (no copy): indexing a np.memmap is slower
         self.sample_length, self.name = sample_length, name
         # a memory-mapped file is pickled as its location (spawned workers re-map it instead of copying it)
-        self._mapping = (
-            (tokens.filename, tokens.dtype, tokens.offset, tokens.shape)
-            if isinstance(tokens, np.memmap) and tokens.filename
-            else None
-        )
-        self.num_samples = len(tokens) // sample_length
+        self._mappings = [
+            (t.filename, t.dtype, t.offset, t.shape) if isinstance(t, np.memmap) and t.filename else None
+            for t in shards
+        ]
+        self.offsets = np.concatenate([[0], np.cumsum([len(t) for t in self.shards])]).astype(np.int64)
+        total = int(self.offsets[-1])
+        self.num_samples = total // sample_length
         if self.num_samples == 0:
             raise ValueError(
-                f"corpus {name!r} has {len(tokens)} tokens, fewer than one sample of {sample_length} tokens "
+                f"corpus {name!r} has {total} tokens, fewer than one sample of {sample_length} tokens "
                 f"(the objective's raw length for the configured seq_len); add text to it or lower seq_len"
             )
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The whole stream (a view for one shard, a copy for several)."""
+        return self.shards[0] if len(self.shards) == 1 else np.concatenate(self.shards)
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "tokens": None} if self._mapping else self.__dict__
+        shards = [None if m else t for t, m in zip(self.shards, self._mappings)]
+        return {**self.__dict__, "shards": shards}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if self._mapping:
-            filename, dtype, offset, shape = self._mapping
-            self.tokens = np.asarray(np.memmap(filename, dtype=dtype, mode="r", offset=offset, shape=shape))
+        self.shards = [
+            np.asarray(np.memmap(m[0], dtype=m[1], mode="r", offset=m[2], shape=m[3])) if m else t
+            for t, m in zip(self.shards, self._mappings)
+        ]
 
     def __getitem__(self, i: int) -> np.ndarray:
         """Sample ``i`` as int64 ``(L,)``."""
         if not 0 <= i < self.num_samples:
             raise IndexError(f"sample {i} out of range for {self.name!r} with {self.num_samples} samples")
         start = i * self.sample_length
-        return np.asarray(self.tokens[start : start + self.sample_length], dtype=np.int64)
+        k = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        lo = start - int(self.offsets[k])
+        piece = self.shards[k][lo : lo + self.sample_length]
+        if len(piece) == self.sample_length:
+            return np.asarray(piece, dtype=np.int64)
+        parts, need = [piece], self.sample_length - len(piece)  # the sample crosses into the next shard(s)
+        while need:
+            k += 1
+            parts.append(self.shards[k][:need])
+            need -= len(parts[-1])
+        return np.concatenate(parts).astype(np.int64)
 
 
 def normalize_weights(weights: Sequence[float] | None, count: int) -> np.ndarray:
@@ -179,6 +201,11 @@ class BlendedDataset(Dataset):
         draw = epoch * int(self.counts[d]) + int(self.dataset_sample_index[position])
         cycle, offset = divmod(draw, len(self.datasets[d]))
         return d, int(self._permutation(d, cycle)[offset]) if self.shuffle else offset
+
+    def source_counts(self, end: int) -> np.ndarray:
+        """``(D,)`` samples of each corpus among stream positions ``[0, end)``."""
+        epoch, position = divmod(end, self.epoch_size)
+        return epoch * self.counts + np.bincount(self.dataset_index[:position], minlength=len(self.datasets))
 
     def __getitem__(self, index: int) -> Sample:
         d, i = self.locate(index)

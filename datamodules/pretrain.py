@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.dataset import BlendedDataset, PackedDataset, ResumableSampler, Sample, ShardedSampler
 from datamodules.indexed import IndexedDataset
+from datamodules.schedule import MixtureSchedule, ScheduledBlend
 
 TRAIN, VAL = "train", "val"
 _STREAM_ID = {TRAIN: 0, VAL: 1}
@@ -115,7 +116,14 @@ class PretrainDataModule(L.LightningDataModule):
         rank, world_size: data-parallel position when no trainer is attached (the trainer's otherwise).
         tokenizer: optional ``tokenizers.Tokenizer`` or path; each dir's ``meta.json`` must record it
             (same vocab size and, when recorded, the same tokenizer.json hash), else ValueError.
+        schedule: a ``MixtureSchedule`` over the directories (in order): the training mix then changes with the
+            optimizer step (``datamodules.schedule``) and ``weights`` only blend validation.
+        names: the sources' names, for ``tokens_per_source`` (default: the directory names).
     """
+
+    accumulate_grad_batches = (
+        1  # micro-batches per optimizer step (``PretrainData`` sets it): a schedule's step
+    )
 
     def __init__(
         self,
@@ -132,6 +140,8 @@ class PretrainDataModule(L.LightningDataModule):
         rank: int = 0,
         world_size: int = 1,
         tokenizer: Tokenizer | str | os.PathLike | None = None,
+        schedule: MixtureSchedule | None = None,
+        names: Sequence[str] | None = None,
     ):
         super().__init__()
         self.data_dirs = (
@@ -163,6 +173,12 @@ class PretrainDataModule(L.LightningDataModule):
         self.objective, self.seq_len, self.micro_batch_size = objective, seq_len, micro_batch_size
         self.weights, self.num_workers, self.seed = weights, num_workers, seed
         self.val_batches, self.samples_per_epoch = val_batches, samples_per_epoch
+        if schedule is not None and schedule.num_sources != len(self.data_dirs):
+            raise ValueError(
+                f"the schedule weighs {schedule.num_sources} sources but there are {len(self.data_dirs)}"
+            )
+        self.schedule = schedule
+        self.names = list(names) if names is not None else [d.name for d in self.data_dirs]
         self._rank, self._world_size = rank, world_size
         if tokenizer is not None:
             self._check_tokenizer(tokenizer)
@@ -213,17 +229,33 @@ class PretrainDataModule(L.LightningDataModule):
 
     # --- datasets -------------------------------------------------------------------------------------
     def _corpora(self, split: str) -> list[PackedDataset]:
+        """One packed corpus per directory; a directory prepared in tasks is its shards' concatenation."""
+        from datamodules.prepare import split_prefixes
+
         return [
-            PackedDataset(IndexedDataset(d / split).tokens, self.sample_length, name=str(d / split))
+            PackedDataset(
+                [IndexedDataset(p).tokens for p in split_prefixes(d, split)],
+                self.sample_length,
+                name=str(d / split),
+            )
             for d in self.data_dirs
         ]
 
     def setup(self, stage: str | None = None) -> None:
         """Open the memory-mapped splits (cheap); ValueError if a corpus is smaller than one sample."""
         if stage in (None, "fit") and self.train_set is None:
-            self.train_set = BlendedDataset(
-                self._corpora(TRAIN), self.weights, seed=self.seed, epoch_size=self.samples_per_epoch
-            )
+            if self.schedule is not None:
+                self.train_set = ScheduledBlend(
+                    self._corpora(TRAIN),
+                    self.schedule,
+                    self.global_batch_size * self.accumulate_grad_batches,
+                    seed=self.seed,
+                    epoch_size=self.samples_per_epoch,
+                )
+            else:
+                self.train_set = BlendedDataset(
+                    self._corpora(TRAIN), self.weights, seed=self.seed, epoch_size=self.samples_per_epoch
+                )
             self._check_loaded_state()
         if stage in (None, "fit", "validate") and self.val_set is None and self.val_batches != 0:
             try:
@@ -278,6 +310,12 @@ class PretrainDataModule(L.LightningDataModule):
             self.val_set.epoch_size, self.micro_batch_size, rank=self.rank, world_size=self.world_size
         )
         return self._loader(self.val_set, sampler, VAL)
+
+    def tokens_per_source(self) -> dict[str, int]:
+        """Training tokens each source has given the loop so far (all ranks), by source name."""
+        train = self._train()
+        counts = train.source_counts(self.epoch * train.epoch_size + self.consumed_samples)
+        return {name: int(c) * self.sample_length for name, c in zip(self.names, counts)}
 
     # --- resume ---------------------------------------------------------------------------------------
     def advance(self, num_batches: int = 1) -> None:

@@ -26,6 +26,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from datamodules.corpus import batched, iter_documents, resolve_sources
 from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, special_token_id
+from datamodules.storage import atomic_write_text
 
 NUM_BYTES = 256
 _GPT2_SPECIAL = re.compile(r"^<\|[a-z_]+\|>$")  # GPT-2 style specials in a vocab.json: <|endoftext|>
@@ -115,7 +116,7 @@ def save_tokenizer(tokenizer: Tokenizer, out_path: str | os.PathLike) -> Path:
     if path.suffix != ".json":
         path = path / "tokenizer.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(path))
+    atomic_write_text(path, tokenizer.to_str(pretty=True))  # a failed write keeps the previous file intact
     return path
 
 

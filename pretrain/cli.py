@@ -8,6 +8,7 @@ later stages ``finetune``, ``evaluate`` and ``baseline``.
     pretrain generate runs/gpt-tiny/checkpoints/last.ckpt --prompt "ROMEO:" --top-k 50
     pretrain export runs/gpt-tiny/checkpoints/last.ckpt runs/gpt-tiny/hf
     pretrain plot runs/gpt-tiny runs/bert-tiny --out curves.png   # overlay runs' loss, lr, tokens/s
+    pretrain plan recipes/gpt2-124m.yaml --gpus 8 --gpu-memory 80GiB   # memory per strategy, before a run
     pretrain finetune recipes/finetune-sst2-minilm.yaml
     pretrain evaluate runs/gpt-tiny/checkpoints/last.ckpt --tasks copa --num-fewshot 3 --data-root DIR
     pretrain baseline recipes/lstm-lm-tiny.yaml
@@ -72,6 +73,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "cmd_plot",
         "plot train/val loss, learning rate and tokens/s of one or more runs (overlaid) into a PNG",
     ),
+    "plan": (
+        "pretrain.training.plan",
+        "add_arguments",
+        "cmd_plan",
+        "per-GPU memory of a recipe under DDP, FSDP2 and ZeRO-1/2/3 (+ offload), and the largest micro-batch",
+    ),
     "finetune": (
         "pretrain.finetuning.cli",
         "add_arguments",
@@ -96,7 +103,9 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; only ``command``'s module is imported (and its arguments added)."""
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--debug", action="store_true", help="on an error, the full traceback (or PRETRAIN_DEBUG=1)")
+    parser.add_argument(
+        "--debug", action="store_true", help="on an error, the full traceback (or PRETRAIN_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, add_arguments, handler, text) in COMMANDS.items():
         stage_parser = sub.add_parser(name, help=text, description=text)
@@ -116,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if hasattr(args, "overrides") and os.environ.get("PRETRAIN_OVERRIDES"):  # e.g. a short smoke run of a recipe
+    if hasattr(args, "overrides") and os.environ.get(
+        "PRETRAIN_OVERRIDES"
+    ):  # e.g. a short smoke run of a recipe
         args.overrides = [*args.overrides, *shlex.split(os.environ["PRETRAIN_OVERRIDES"])]
     return run_verb(args.command, args.handler, args, debug)
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}
 
 # what to lower, per verb, when memory runs out
 MEMORY_FIX = {
@@ -90,6 +90,7 @@ def describe(err: BaseException, verb: str) -> str | None:
         fix = "free space there or point the run at another disk" if err.errno in (
             errno.ENOSPC,
             errno.EDQUOT,
+            errno.EFBIG,  # a file-size limit: what a full disk looks like to one process
         ) else "choose a path you may write"
         return f"{err}{where}; {fix}"
     if isinstance(err, (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)):

@@ -6,6 +6,7 @@
 #      time limit): it saves after the step, requeues itself and exits 138; the requeued job resumes
 #      (resume=auto) and finishes.
 # Then: both jobs' final weights must be bitwise equal, and every launch must log the reference's losses.
+# Before the jobs: `pretrain prepare`'s SLURM executor (datatrove job array) must match plain prepare byte for byte.
 # Needs root and Debian's slurm-wlm (apt-get install slurm-wlm; tested with Slurm 22.05). Not in CI: it starts
 # daemons and takes minutes.
 #
@@ -56,6 +57,36 @@ TINY=(model.n_layer=2 model.d_model=64 model.d_ff=256 data.seq_len=64 data.micro
       strategy.name=ddp strategy.ddp.process_group_backend=gloo)
 $PYTHON -m pretrain tokenizer "$REPO/recipes/gpt-tiny.yaml"
 $PYTHON -m pretrain prepare "$REPO/recipes/gpt-tiny.yaml"
+
+# `prepare --executor slurm`: the corpus in 2 files -> a 2-task datatrove job array; once it is done the same call
+# assembles the shards, which must hold, byte for byte, what plain `prepare` writes (PREPARE_ONLY=1 stops here)
+$PYTHON - "$REPO" <<'PY'
+import subprocess, sys, time
+from pathlib import Path
+
+from datamodules.executors import prepare_in_tasks
+from datamodules.prepare import prepare, split_prefixes
+
+text = (Path(sys.argv[1]) / "recipes/data/tinyshakespeare.txt").read_text()
+parts = [Path(f"part{i}.txt") for i in range(2)]
+for i, part in enumerate(parts):
+    part.write_text(text[i * len(text) // 2 : (i + 1) * len(text) // 2])
+tok = "runs/tokenizers/tinyshakespeare-bpe1k.json"
+plain = prepare(parts, tok, "prepared-plain", val_fraction=0.05, progress=False)
+options = {"partition": "local", "time": "00:10:00", "mem_per_cpu_gb": 1}
+first = prepare_in_tasks(parts, tok, "prepared-slurm", executor="slurm", tasks=2, val_fraction=0.05, executor_options=options)
+assert first.get("submitted"), first
+print(f"submitted: tasks {first['tasks_pending']} pending")
+while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+    time.sleep(2)
+meta = prepare_in_tasks(parts, tok, "prepared-slurm", executor="slurm", tasks=2, val_fraction=0.05, executor_options=options)
+for split in ("train", "val"):
+    joined = b"".join(Path(f"{p}.bin").read_bytes() for p in split_prefixes("prepared-slurm", split))
+    assert joined == Path(f"prepared-plain/{split}.bin").read_bytes(), split
+assert meta["cache_key"] == plain["cache_key"] and meta["shards"] == ["00000", "00001"]
+print(f"OK: prepare --executor slurm (2 array tasks) = plain prepare, byte for byte ({meta['splits']})")
+PY
+[ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
 
 submit() {  # RUN_DIR -> job id
     sbatch --parsable --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=30 \

@@ -102,7 +102,9 @@ def fit(
 def check_same_model(saved: dict[str, Tensor], current: dict[str, Tensor], path: Any) -> None:
     """``ValueError`` when checkpoint weights ``saved`` do not fit the configured model (names or shapes)."""
     differ = sorted(
-        k for k in saved.keys() | current.keys() if k not in saved or k not in current or saved[k].shape != current[k].shape
+        k
+        for k in saved.keys() | current.keys()
+        if k not in saved or k not in current or saved[k].shape != current[k].shape
     )
     if differ:
         raise ValueError(

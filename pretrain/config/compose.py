@@ -145,7 +145,13 @@ def _list_address(config: Any, key: str) -> str | None:
     """The problem when ``key`` walks into a list by a name instead of an index (``data.sources.name``)."""
     node, parts = config, key.split(".")
     for i, part in enumerate(parts[:-1] if len(parts) > 1 else []):
-        node = node.get(part) if OmegaConf.is_dict(node) else node[int(part)] if OmegaConf.is_list(node) else None
+        node = (
+            node.get(part)
+            if OmegaConf.is_dict(node)
+            else node[int(part)]
+            if OmegaConf.is_list(node)
+            else None
+        )
         if node is None:
             return None
         nxt = parts[i + 1]

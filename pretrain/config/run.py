@@ -7,6 +7,7 @@ Recipes compose and validate through ``pretrain.config.compose``; the model sect
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,11 +59,32 @@ class SourceConfig:
     weight: float = 1.0
     document: str = "blank_line"
     text_field: str = "text"
+    dedup: Literal["none", "exact"] = "none"  # exact: drop documents whose text repeats an earlier one
+
+
+@dataclass
+class PhaseConfig:
+    """From optimizer step ``start`` on, sample the sources by ``weights`` (source name -> weight, summing to 1;
+    a source left out has weight 0)."""
+
+    start: int = 0
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ScheduleConfig:
+    """A mixture that changes over training (``datamodules.schedule``): no phases keeps ``sources[].weight`` for
+    the whole run; with phases, the first starts at step 0, ``constant`` holds each phase's weights until the
+    next, ``linear`` moves from one phase's weights to the next's step by step."""
+
+    phases: list[PhaseConfig] = field(default_factory=list)
+    interpolation: Literal["constant", "linear"] = "constant"
 
 
 @dataclass
 class DataConfig:
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     seq_len: int = 128  # model input length; the objective decides how many raw tokens a sample consumes
     micro_batch_size: int = 8  # per device, per forward pass
     num_workers: int = 0
@@ -122,10 +144,12 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     compile: bool = False
     activation_checkpointing: bool = False
-    progress_bar: bool = True  # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    # a bar on a terminal; elsewhere (log file, CI, SLURM) a line every progress_seconds
+    progress_bar: bool = True
     progress_seconds: float = 30.0
     throughput_window: int = 10  # optimizer steps averaged for tokens/s and MFU
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
+    float8: bool = False  # float8 matmuls in the blocks' linears (torchao; CUDA compute capability >= 8.9)
     sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
 
 
@@ -239,12 +263,27 @@ class GuardsConfig:
 
 
 @dataclass
+class EvalDuringFitConfig:
+    """In-context evaluation of the training model itself every ``every_n_steps`` optimizer steps
+    (``pretrain.training.in_loop_eval``; the task options of ``pretrain evaluate``); off while ``tasks`` is empty."""
+
+    tasks: list[str] = field(default_factory=list)  # names in configs/eval/ or task YAML paths
+    every_n_steps: int = 500
+    limit: int | None = None  # first N examples (documents) per task
+    num_fewshot: int | None = None  # overrides every task's num_fewshot
+    batch_size: int = 16  # sequences per forward pass (per rank)
+    data_root: str | None = None  # fills ${data_root} in task files
+    seed: int = 1234  # few-shot sampler seed (lm-eval's default)
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 1337
     run_dir: str | None = None  # default: runs/<name>
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
-    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)  # resume although these changed
+    # resume although these differ from the checkpoint's (the warning says what happens)
+    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -255,6 +294,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    eval_during_fit: EvalDuringFitConfig = field(default_factory=EvalDuringFitConfig)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -311,20 +351,91 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     if not run.data.sources:
         raise ValueError("data.sources is empty; list at least one corpus")
     _check_objective(run.objective)
+    if t.float8:
+        _check_float8(run)
     for i, source in enumerate(run.data.sources):
         try:
             document_mode(source.document)
         except ValueError as err:
             raise ValueError(f"data.sources[{i}].{err}") from None
+    _check_sources(run.data.sources)
+    _check_schedule(run.data, run.trainer.max_steps)
     _check_optim(run.optim)
     _check_muon(run)
     _check_guards(run.guards)
+    _check_eval_during_fit(run.eval_during_fit)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
         raise ValueError(
             "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
             "set guards.spike.enabled=false or use strategy ddp / fsdp"
         )
     return run
+
+
+def _check_sources(sources: list[SourceConfig]) -> None:
+    """Each source has its own name and its own ``prepared`` directory (one would overwrite the other)."""
+    names: dict[str, int] = {}
+    dirs: dict[Path, int] = {}
+    for i, source in enumerate(sources):
+        if source.name in names:
+            raise ValueError(
+                f"data.sources[{i}].name={source.name!r} is also data.sources[{names[source.name]}]'s; "
+                "give every source its own name"
+            )
+        names[source.name] = i
+        where = Path(source.prepared).expanduser().resolve()
+        if where in dirs:
+            raise ValueError(
+                f"data.sources[{i}].prepared={source.prepared!r} is also data.sources[{dirs[where]}]'s prepared "
+                "directory: the second `prepare` would overwrite the first; give each source its own directory"
+            )
+        dirs[where] = i
+
+
+def _check_schedule(data: DataConfig, max_steps: int) -> None:
+    """Phases in increasing step order from 0, each before ``trainer.max_steps``, weighing known sources by
+    non-negative weights that sum to 1."""
+    names = [s.name for s in data.sources]
+    previous = None
+    for i, phase in enumerate(data.schedule.phases):
+        where = f"data.schedule.phases[{i}]"
+        if i == 0 and phase.start != 0:
+            raise ValueError(f"{where}.start={phase.start}: the first phase must start at step 0")
+        if previous is not None and phase.start <= previous:
+            raise ValueError(
+                f"{where}.start={phase.start} is not after phases[{i - 1}].start={previous}: phases must be listed "
+                "in increasing step order, each starting where the previous one ends (no overlap)"
+            )
+        if phase.start >= max_steps:
+            raise ValueError(
+                f"{where}.start={phase.start} is past the run's end (trainer.max_steps={max_steps}); drop the "
+                "phase or raise trainer.max_steps"
+            )
+        unknown = sorted(set(phase.weights) - set(names))
+        if unknown:
+            raise ValueError(f"{where}.weights names unknown source(s) {unknown}; data.sources are {names}")
+        bad = {k: v for k, v in phase.weights.items() if not (math.isfinite(v) and v >= 0)}
+        if bad:
+            raise ValueError(f"{where}.weights must be >= 0, got {bad}")
+        total = sum(phase.weights.values())
+        if abs(total - 1) > 1e-6:
+            raise ValueError(f"{where}.weights sum to {total:g}, not 1: {dict(phase.weights)}")
+        previous = phase.start
+
+
+def mixture_schedule(data: DataConfig):
+    """The ``datamodules.schedule.MixtureSchedule`` of ``data.schedule`` (sources in ``data.sources`` order),
+    or None when it has no phases."""
+    if not data.schedule.phases:
+        return None
+    from datamodules.schedule import MixtureSchedule
+
+    names = [s.name for s in data.sources]
+    return MixtureSchedule(
+        [p.start for p in data.schedule.phases],
+        [[p.weights.get(n, 0.0) for n in names] for p in data.schedule.phases],
+        data.schedule.interpolation,
+    )
 
 
 def _check_objective(o: ObjectiveConfig) -> None:
@@ -341,8 +452,32 @@ def _check_objective(o: ObjectiveConfig) -> None:
     for name, value in o.options.items():
         try:
             o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")
-        except TypeError:  # a type the schema checker does not model (e.g. a Mapping): the objective checks it
+        except TypeError:  # a type the schema checker does not model (a Mapping): the objective checks it
             continue
+
+
+def _check_float8(run: RunConfig) -> None:
+    """float8 training needs float8 tensor cores, bf16 autocast or weights, and a strategy torchao composes with."""
+    import torch
+
+    t = run.trainer
+    on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
+    if not on_gpu:
+        raise ValueError(
+            "trainer.float8=true needs CUDA GPUs with float8 tensor cores (H100/H200/B200/L4/L40S/RTX 4090, "
+            "compute capability >= 8.9); this run is on the CPU, which has none: set trainer.float8=false"
+        )
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        raise ValueError(
+            f"trainer.float8=true needs compute capability >= 8.9, {torch.cuda.get_device_name()} has "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability()))}: set trainer.float8=false"
+        )
+    if not t.precision.startswith("bf16"):
+        raise ValueError(
+            f"trainer.float8=true computes around bf16: set trainer.precision=bf16-mixed, not {t.precision}"
+        )
+    if run.strategy.name == "deepspeed":
+        raise ValueError("trainer.float8=true composes with strategy auto, ddp or fsdp, not deepspeed")
 
 
 def _check_optim(o: OptimConfig) -> None:
@@ -414,6 +549,25 @@ def _check_guards(g: GuardsConfig) -> None:
     for name, ok, bound in checks:
         if not ok:
             raise ValueError(f"guards.{name} must be {bound}")
+
+
+def _check_eval_during_fit(e: EvalDuringFitConfig) -> None:
+    """Bounds, and every task name resolves to a task file (its data is read when the Trainer is built)."""
+    from pretrain.evaluation.config import resolve_task_file
+
+    for name, value, low in (
+        ("every_n_steps", e.every_n_steps, 1),
+        ("batch_size", e.batch_size, 1),
+        ("limit", e.limit, 1),
+        ("num_fewshot", e.num_fewshot, 0),
+    ):
+        if value is not None and value < low:
+            raise ValueError(f"eval_during_fit.{name} must be >= {low}, got {value}")
+    for name in e.tasks:
+        try:
+            resolve_task_file(name)
+        except FileNotFoundError as err:
+            raise ValueError(f"eval_during_fit.tasks: {err}") from None
 
 
 def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:

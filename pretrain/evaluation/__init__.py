@@ -7,7 +7,7 @@
     results = evaluate(scorer, tasks, seed=1234)
 
 Modules: ``tasks`` (YAML task files, JSONL validation), ``prompts`` (k-shot prompts, seeded sampler),
-``scoring`` (``LMScorer``: batched log-likelihood, greedy decoding), ``metrics``, ``perplexity`` (rolling
+``scoring`` (``LMScorer``: batched log-likelihood, an encoder's pseudo-log-likelihood, greedy decoding), ``metrics``, ``perplexity`` (rolling
 windows), ``models`` (our Transformer / checkpoints -> ``LMScorer``), ``runner`` (results, table, W&B),
 ``config`` (``EvalConfig``, composed and validated like every verb), ``cli`` (``pretrain evaluate``
 arguments), ``lm_eval_adapter`` (lm-eval model ``"pretrain"``; needs ``lm-eval``).

@@ -8,7 +8,7 @@ Tasks are names of ``configs/eval/<name>.yaml`` or paths to task files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,9 +79,11 @@ def load_config(target: str, overrides: list[str], flags: dict[str, Any]) -> Eva
 
 
 def load_tasks(config: EvalConfig) -> list[TaskConfig]:
-    """Task configs with their data validated (file:line errors) before any model is loaded."""
-    overrides = {} if config.num_fewshot is None else {"num_fewshot": config.num_fewshot}
-    tasks = [load_task(resolve_task_file(name), config.data_root, overrides) for name in config.tasks]
+    """Task configs (``num_fewshot`` overriding every task but perplexity ones) with their data validated
+    (file:line errors) before any model is loaded."""
+    tasks = [load_task(resolve_task_file(name), config.data_root) for name in config.tasks]
+    if config.num_fewshot is not None:  # perplexity tasks take no shots
+        tasks = [t if t.type == "perplexity" else replace(t, num_fewshot=config.num_fewshot) for t in tasks]
     for task in tasks:
         if task.type == "perplexity":
             load_documents(task.path, task.document, 1)

@@ -9,6 +9,10 @@
   exp(-sum ll / sum bytes)``, ``bits_per_byte = -sum ll / sum bytes / ln 2``, and
   ``token_perplexity = exp(-sum ll / sum tokens)``.
 
+- CORE-style aggregate (DCLM / nanochat's CORE): each accuracy task's ``acc`` centred on its chance level
+  ``c`` (the mean over its examples of ``1 / number of options``; 0 for language modeling) and rescaled,
+  ``(acc - c) / (1 - c)``, then averaged over tasks: 0 is chance, 1 is perfect.
+
 The standard error of a mean metric is the sample standard deviation (ddof=1) over ``sqrt(n)``.
 """
 
@@ -69,3 +73,13 @@ def rolling_metrics(
         "bits_per_byte": -total / sum(nbytes) / math.log(2),
         "token_perplexity": math.exp(-total / sum(tokens)),
     }
+
+
+def centered_accuracy(acc: float, chance: float) -> float:
+    """``(acc - chance) / (1 - chance)``: 0 at chance level, 1 when every example is right."""
+    return (acc - chance) / (1 - chance)
+
+
+def core_score(accuracies: Sequence[tuple[float, float]]) -> float:
+    """Mean centred accuracy over (acc, chance) pairs, one per task."""
+    return mean([centered_accuracy(acc, chance) for acc, chance in accuracies])

@@ -10,7 +10,9 @@ Checkpoints accepted by ``load_model_and_tokenizer``:
 
 The prefix token (conditioning an empty context, and the first rolling-perplexity window) is, as in
 lm-eval, the tokenizer's BOS when a transformers directory declares one, else EOS (the document separator
-our models are trained with); ``prefix_token`` overrides it.
+our models are trained with); ``prefix_token`` overrides it. An encoder-only (BERT-style) model is scored by
+pseudo-log-likelihood (``scoring``) with its tokenizer's mask / cls / sep tokens (the run's
+``tokenizer.special_tokens`` overrides, or a transformers directory's ``mask_token`` ...).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from datamodules.special_tokens import special_token_id
 from datamodules.tokenizer import load_tokenizer, resolve_eos
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
 from .scoring import DecodeFn, DecodeSteps, LMScorer, LogitsFn, UnsupportedModelError, check_architecture
 
-HF_ENCODER_ONLY = ("BertForMaskedLM", "BertModel", "RobertaForMaskedLM", "DistilBertForMaskedLM")
+HF_SPECIAL_KEYS = {f"{role}_token": role for role in ("bos", "eos", "mask", "cls", "sep")}  # key -> role
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -86,8 +89,11 @@ def scorer_from_model(
     max_length: int | None = None,
     batch_size: int = 16,
     padding_side: str = "right",
+    special_tokens: dict[str, str] | None = None,
+    eval_mode: bool = True,
 ) -> LMScorer:
-    """An ``LMScorer`` over ``model`` (put in eval mode); special tokens are looked up by name."""
+    """An ``LMScorer`` over ``model`` (put in eval mode unless ``eval_mode=False``: a caller that trains it
+    switches modes itself); special tokens are looked up by name (``special_tokens``: role -> token)."""
     cfg: ModelConfig = model.config
     check_architecture(cfg.arch)
     if not cfg.lm_head:
@@ -101,7 +107,14 @@ def scorer_from_model(
         )
     _, eos_id = resolve_eos(tokenizer, eos_token)
     prefix_id = eos_id if prefix_token is None else _token_id(tokenizer, prefix_token)
-    model.eval()
+    encoder = {}
+    if cfg.arch == "encoder":
+        encoder = {
+            f"{role}_token_id": special_token_id(tokenizer, role, special_tokens)
+            for role in ("mask", "cls", "sep")
+        }
+    if eval_mode:
+        model.eval()
     return LMScorer(
         logits_fn=transformer_logits_fn(model),
         tokenizer=tokenizer,
@@ -114,7 +127,8 @@ def scorer_from_model(
         batch_size=batch_size,
         padding_side=padding_side,
         device=next(model.parameters()).device,
-        decode_fn=transformer_decode_fn(model),
+        decode_fn=None if cfg.arch == "encoder" else transformer_decode_fn(model),
+        **encoder,
     )
 
 
@@ -126,13 +140,13 @@ def _token_id(tokenizer: Tokenizer, token: str) -> int:
 
 
 def _hf_special_tokens(directory: Path) -> dict[str, str]:
-    """``bos_token`` / ``eos_token`` declared by a transformers tokenizer directory (strings only)."""
+    """``bos_token``, ``eos_token``, ``mask_token``, ... declared by a transformers tokenizer directory."""
     found: dict[str, str] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         path = directory / name
         if path.is_file():
             data = json.loads(path.read_text(encoding="utf-8"))
-            for key in ("bos_token", "eos_token"):
+            for key in HF_SPECIAL_KEYS:
                 value = data.get(key)
                 value = value.get("content") if isinstance(value, dict) else value
                 if isinstance(value, str) and key not in found:
@@ -147,8 +161,6 @@ def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> tuple[Transformer,
 
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     arch = (config.get("architectures") or [""])[0]
-    if arch in HF_ENCODER_ONLY:
-        check_architecture("encoder")
     if not hasattr(transformers, arch):
         raise ValueError(
             f"{path}/config.json names architecture {arch!r}, which transformers does not provide"
@@ -157,7 +169,9 @@ def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> tuple[Transformer,
     tok_path = Path(tokenizer or path)
     specials = _hf_special_tokens(tok_path if tok_path.is_dir() else tok_path.parent)
     prefix = specials.get("bos_token") or specials.get("eos_token")
-    return model, load_tokenizer(tok_path), {"prefix_token": prefix, "eos_token": specials.get("eos_token")}
+    roles = {HF_SPECIAL_KEYS[key]: token for key, token in specials.items()}
+    info = {"prefix_token": prefix, "eos_token": specials.get("eos_token"), "special_tokens": roles}
+    return model, load_tokenizer(tok_path), info
 
 
 def _load_ckpt(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
@@ -171,13 +185,14 @@ def _load_ckpt(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, T
             f"{path} carries no tokenizer; pass --tokenizer PATH (the tokenizer.json it was trained with)"
         )
     overrides = (payload["config"].get("tokenizer") or {}).get("special_tokens") or {}
-    return model, tok, {"prefix_token": None, "eos_token": overrides.get("eos")}
+    return model, tok, {"prefix_token": None, "eos_token": overrides.get("eos"), "special_tokens": overrides}
 
 
 def load_model_and_tokenizer(
     checkpoint: str | Path, tokenizer: str | Path | None = None
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
-    """(model, tokenizer, {"prefix_token", "eos_token"}) from a .ckpt / run dir / transformers dir."""
+    """(model, tokenizer, {"prefix_token", "eos_token", "special_tokens"}) from a .ckpt / run dir /
+    transformers dir."""
     from pretrain.training.checkpoint.resume import find_resume, is_valid
 
     path = Path(checkpoint)
@@ -215,5 +230,6 @@ def load_scorer(
         tok,
         prefix_token=prefix_token or info["prefix_token"],
         eos_token=info["eos_token"],
+        special_tokens=info["special_tokens"],
         **scorer_options,
     )

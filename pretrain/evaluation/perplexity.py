@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from .metrics import rolling_metrics
-from .scoring import LMScorer
+from .scoring import LMScorer, Request, ScoreFn
 
 
 def rolling_token_windows(
@@ -48,19 +48,30 @@ def disjoint_window(window: tuple[list[int], list[int]]) -> tuple[list[int], lis
     return inputs[: len(inputs) - (len(predicted) - 1)], predicted
 
 
-def loglikelihood_rolling(
+def rolling_requests(
     scorer: LMScorer, texts: Sequence[str], context_len: int = 1
-) -> list[tuple[float, int]]:
-    """(total log-likelihood, number of tokens) of each text, all windows batched together."""
+) -> tuple[list[Request], list[int], list[int]]:
+    """(log-likelihood requests of every window, the text each belongs to, tokens per text); windows are
+    ``scorer.window_length`` long (an encoder's pseudo-log-likelihood reads [CLS] and [SEP] besides)."""
     requests, owner, counts = [], [], []
     for i, text in enumerate(texts):
         tokens = scorer.encode(text)
         counts.append(len(tokens))
-        for window in rolling_token_windows(tokens, scorer.prefix_token_id, scorer.max_length, context_len):
+        windows = rolling_token_windows(tokens, scorer.prefix_token_id, scorer.window_length, context_len)
+        for window in windows:
             requests.append(disjoint_window(window))
             owner.append(i)
+    return requests, owner, counts
+
+
+def loglikelihood_rolling(
+    scorer: LMScorer, texts: Sequence[str], context_len: int = 1, score: ScoreFn | None = None
+) -> list[tuple[float, int]]:
+    """(total log-likelihood, number of tokens) of each text, all windows batched together by ``score``
+    (default ``scorer.loglikelihood_tokens``)."""
+    requests, owner, counts = rolling_requests(scorer, texts, context_len)
     totals = [0.0] * len(texts)
-    for i, (ll, _) in zip(owner, scorer.loglikelihood_tokens(requests)):
+    for i, (ll, _) in zip(owner, (score or scorer.loglikelihood_tokens)(requests)):
         totals[i] += ll
     return list(zip(totals, counts))
 
@@ -70,9 +81,12 @@ def count_words(text: str) -> int:
     return len(re.split(r"\s+", text))
 
 
-def evaluate_perplexity(scorer: LMScorer, documents: Sequence[str]) -> tuple[dict[str, float], list[dict]]:
-    """Corpus-level word/byte/token perplexity and bits-per-byte, and per-document records."""
-    scored = loglikelihood_rolling(scorer, documents)
+def evaluate_perplexity(
+    scorer: LMScorer, documents: Sequence[str], score: ScoreFn | None = None
+) -> tuple[dict[str, float], list[dict]]:
+    """Corpus-level word/byte/token perplexity and bits-per-byte, and per-document records (an encoder's
+    are pseudo-perplexities: each token scored by its pseudo-log-likelihood within its window)."""
+    scored = loglikelihood_rolling(scorer, documents, score=score)
     words = [count_words(d) for d in documents]
     nbytes = [len(d.encode("utf-8")) for d in documents]
     tokens = [n for _, n in scored]

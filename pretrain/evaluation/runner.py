@@ -3,12 +3,19 @@
 ``results = evaluate(scorer, tasks, seed=1234)`` returns::
 
     {"results": {task: {"type", "num_fewshot", "num_examples", "seed", "metrics": {m: value},
-                        "stderr": {m: value | None}}},
+                        "stderr": {m: value | None},
+                        "truncated": examples whose prompt was cut to fit the model's context,
+                        "chance": chance-level acc (accuracy tasks)}},
+     "core": mean centred accuracy over the accuracy tasks (metrics.core_score; absent without any),
      "samples": {task: [per-example records]}}      # with log_samples=True
+
+Log-likelihoods are computed by ``score`` (default ``scorer.loglikelihood_tokens``): a caller may shard the
+token requests over processes (``pretrain.training.in_loop_eval``) as long as it returns them in order.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -21,13 +28,29 @@ from . import metrics as M
 from .config import EvalConfig, load_tasks
 from .perplexity import evaluate_perplexity
 from .prompts import DEFAULT_FEWSHOT_SEED, build_requests
-from .scoring import LMScorer
+from .scoring import LMScorer, ScoreFn
 from .tasks import TaskConfig, load_documents, load_examples
 
+OPTIONS_KEY = {"multiple_choice": "choices", "schema": "context_options"}
 
-def _score_loglikelihood_task(scorer: LMScorer, task: TaskConfig, requests) -> tuple[dict, list[dict]]:
-    flat = [pair for req in requests for pair in req.pairs]
-    scored = iter(scorer.loglikelihood(flat))
+
+def _chance(task: TaskConfig, examples: Sequence[dict]) -> float | None:
+    """Expected ``acc`` of a uniform guess: mean of 1 / options (0 for language modeling's greedy match)."""
+    if task.type == "language_modeling":
+        return 0.0
+    if task.type in OPTIONS_KEY:
+        return M.mean([1 / len(ex[OPTIONS_KEY[task.type]]) for ex in examples])
+    return None
+
+
+def _score_loglikelihood_task(
+    scorer: LMScorer, task: TaskConfig, requests, score: ScoreFn
+) -> tuple[dict, list[dict], int]:
+    flat = scorer.encode_requests([pair for req in requests for pair in req.pairs])
+    sizes = [len(req.pairs) for req in requests]
+    starts = itertools.accumulate(sizes, initial=0)
+    truncated = sum(bool(scorer.truncated(flat[a : a + n])) for a, n in zip(starts, sizes))
+    scored = iter(score(flat))
     per_metric: dict[str, list[float]] = {m: [] for m in task.metric_names if m != "perplexity"}
     lls_all, records = [], []
     for doc_id, req in enumerate(requests):
@@ -55,11 +78,16 @@ def _score_loglikelihood_task(scorer: LMScorer, task: TaskConfig, requests) -> t
     summary = {name: (M.mean(v), M.mean_stderr(v)) for name, v in per_metric.items()}
     if task.type == "language_modeling":
         summary["perplexity"] = (M.perplexity(lls_all), None)
-    return summary, records
+    return summary, records, truncated
 
 
-def _score_generation_task(scorer: LMScorer, task: TaskConfig, requests) -> tuple[dict, list[dict]]:
-    preds = scorer.greedy_until([r.context for r in requests], task.stop_sequences, task.max_new_tokens)
+def _score_generation_task(
+    scorer: LMScorer, task: TaskConfig, requests, score: ScoreFn
+) -> tuple[dict, list[dict], int]:
+    contexts = [r.context for r in requests]
+    preds = scorer.greedy_until(contexts, task.stop_sequences, task.max_new_tokens)
+    room = scorer.max_length if scorer.seq2seq else scorer.max_length - task.max_new_tokens
+    truncated = sum(len(scorer.encode(c)) > room for c in contexts if c)
     records, scores = [], []
     for doc_id, (req, pred) in enumerate(zip(requests, preds)):
         em = M.exact_match(pred, req.example["answer"], strip=task.strip, ignore_case=task.ignore_case)
@@ -73,19 +101,26 @@ def _score_generation_task(scorer: LMScorer, task: TaskConfig, requests) -> tupl
                 "exact_match": em,
             }
         )
-    return {"exact_match": (M.mean(scores), M.mean_stderr(scores))}, records
+    return {"exact_match": (M.mean(scores), M.mean_stderr(scores))}, records, truncated
 
 
 def evaluate_task(
-    scorer: LMScorer, task: TaskConfig, *, seed: int = DEFAULT_FEWSHOT_SEED, limit: int | None = None
+    scorer: LMScorer,
+    task: TaskConfig,
+    *,
+    seed: int = DEFAULT_FEWSHOT_SEED,
+    limit: int | None = None,
+    score: ScoreFn | None = None,
 ) -> tuple[dict[str, Any], list[dict]]:
     """(summary, per-example records) of one task; ``limit`` overrides ``task.limit``."""
     limit = limit or task.limit
+    score = score or scorer.loglikelihood_tokens
+    chance = None
     if task.type == "perplexity":
         docs = load_documents(task.path, task.document, limit)
-        values, records = evaluate_perplexity(scorer, docs)
+        values, records = evaluate_perplexity(scorer, docs, score)
         summary = {name: (value, None) for name, value in values.items()}
-        n = len(docs)
+        n, truncated = len(docs), 0  # rolling windows fit by construction
     else:
         examples = load_examples(task.path, task.type)
         evaluated = examples[:limit] if limit else examples
@@ -94,8 +129,8 @@ def evaluate_task(
         else:  # shots from the whole file (as lm-eval with --limit), never the evaluated example
             requests = build_requests(task, evaluated, examples, seed, exclude_evaluated=True)
         scorer_fn = _score_generation_task if task.type == "generation" else _score_loglikelihood_task
-        summary, records = scorer_fn(scorer, task, requests)
-        n = len(evaluated)
+        summary, records, truncated = scorer_fn(scorer, task, requests, score)
+        n, chance = len(evaluated), _chance(task, evaluated)
     result = {
         "type": task.type,
         "num_fewshot": task.num_fewshot,
@@ -103,7 +138,10 @@ def evaluate_task(
         "seed": seed,
         "metrics": {name: value for name, (value, _) in summary.items()},
         "stderr": {name: se for name, (_, se) in summary.items()},
+        "truncated": truncated,
     }
+    if chance is not None:
+        result["chance"] = chance
     return result, records
 
 
@@ -114,7 +152,9 @@ def evaluate(
     seed: int = DEFAULT_FEWSHOT_SEED,
     limit: int | None = None,
     log_samples: bool = False,
+    score: ScoreFn | None = None,
 ) -> dict[str, Any]:
+    """Every task's results (see the module docstring), the CORE-style aggregate, optional samples."""
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise ValueError(f"task names must be unique, got {names}")
@@ -122,11 +162,30 @@ def evaluate(
     if log_samples:
         out["samples"] = {}
     for task in tasks:
-        result, records = evaluate_task(scorer, task, seed=seed, limit=limit)
+        result, records = evaluate_task(scorer, task, seed=seed, limit=limit, score=score)
         out["results"][task.name] = result
         if log_samples:
             out["samples"][task.name] = records
-    return out
+    return out | summarize(out["results"])
+
+
+def summarize(results: dict[str, Any]) -> dict[str, float]:
+    """``{"core": CORE-style aggregate}`` over the accuracy tasks of ``{task: result}`` (empty without any)."""
+    accuracies = [(r["metrics"]["acc"], r["chance"]) for r in results.values() if "chance" in r]
+    return {"core": M.core_score(accuracies)} if accuracies else {}
+
+
+def truncation_report(results: dict[str, Any], max_length: int) -> list[str]:
+    """One line per task whose prompts did not all fit the model's context."""
+    lines = []
+    for name, res in results["results"].items():
+        if res.get("truncated"):
+            lines.append(
+                f"{name}: {res['truncated']} of {res['num_examples']} prompts longer than the model's "
+                f"{max_length} tokens were cut from the left, keeping the continuation (lm-eval's rule); "
+                "lower num_fewshot to fit"
+            )
+    return lines
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -175,6 +234,9 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
             se = res["stderr"].get(metric)
             if se is not None and math.isfinite(se):
                 flat[f"{prefix}/{name}/{metric}_stderr"] = se
+        flat[f"{prefix}/{name}/truncated"] = float(res.get("truncated", 0))
+    if "core" in results:
+        flat[f"{prefix}/core"] = results["core"]
     return flat
 
 
@@ -225,6 +287,11 @@ def run_evaluation(config: EvalConfig) -> dict[str, Any]:
     results = evaluate(scorer, tasks, seed=config.seed, limit=config.limit, log_samples=config.log_samples)
     results["config"] = {**asdict(config), "device": device, "max_length": scorer.max_length}
     print(format_table(results))
+    if "core" in results:
+        n = sum("chance" in r for r in results["results"].values())
+        print(f"CORE (accuracy centred on chance, mean of {n} tasks): {results['core']:.4f}")
+    for line in truncation_report(results, scorer.max_length):
+        print(f"warning: {line}")
     if config.output:
         print(f"results -> {save_results(results, config.output)}")
     if config.wandb_project or config.wandb_run_id:

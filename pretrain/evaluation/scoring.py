@@ -4,7 +4,8 @@
 
 - decoder-only: ``logits_fn(input_ids (B, T), attention_mask (B, T)) -> logits (B, T, V)``;
 - encoder-decoder: ``logits_fn(input_ids (B, S), attention_mask (B, S), decoder_input_ids (B, T),
-  decoder_attention_mask (B, T)) -> decoder logits (B, T, V)``.
+  decoder_attention_mask (B, T)) -> decoder logits (B, T, V)``;
+- encoder-only: ``logits_fn(input_ids (B, T), attention_mask (B, T)) -> MLM logits (B, T, V)`` (right padded).
 
 Tokenization follows lm-eval's ``TemplateLM._encode_pair``: trailing whitespace of the context moves to
 the continuation; decoder-only models encode ``context`` and ``context + continuation`` and take the
@@ -23,6 +24,17 @@ the last ``len(continuation)`` positions::
 The log-likelihood is the sum of those log-probabilities (log-softmax in float64), ``is_greedy`` whether
 every continuation token is the argmax. Requests are sorted by length and batched; padding (right or left,
 with position ids rebuilt from the attention mask by the model adapter) never changes a request's result.
+
+Encoder-only (BERT-style) scoring is the pseudo-log-likelihood (Salazar et al., "Masked Language Model
+Scoring", ACL 2020): the model reads ``[CLS] + (context + continuation)[-(max_length - 2):] + [SEP]`` (the
+layout MLM pretraining used) once per continuation token, that token replaced by ``[MASK]``, and
+``PLL = sum_i log p(x_i | everything else)``; ``is_greedy`` whether each masked token is the argmax. Every
+masked row is one batch row, so a request of c tokens costs c rows.
+
+Too long requests are cut from the left, keeping the whole continuation -- lm-eval 0.4.13's rule
+(``HFLM._loglikelihood_tokens``: ``(context_enc + continuation_enc)[-(self.max_length + 1):][:-1]`` for
+causal models, the encoder input ``context_enc[-self.max_length:]`` for seq2seq ones); ``truncated``
+counts the requests that lose context tokens, so a report can say how many prompts did not fit.
 
 Greedy decoding (``greedy_until``) runs on left-padded prompts through ``decode_fn`` (a generator that
 yields next-token logits and is sent the chosen ids; ``models.transformer_decode_fn`` uses the KV cache),
@@ -44,20 +56,16 @@ DecodeSteps = Generator[torch.Tensor, torch.Tensor, None]
 # (prompt ids (B, T) left-padded | encoder ids (B, S), mask) -> generator: yields next-token logits (B, V),
 # is sent the chosen ids (B,)
 DecodeFn = Callable[[torch.Tensor, torch.Tensor], DecodeSteps]
-ARCHITECTURES = ("decoder", "encoder-decoder")
+ARCHITECTURES = ("decoder", "encoder-decoder", "encoder")
+Request = tuple[list[int], list[int]]  # (context ids, continuation ids)
+ScoreFn = Callable[[Sequence[Request]], list[tuple[float, bool]]]  # LMScorer.loglikelihood_tokens
 
 
 class UnsupportedModelError(ValueError):
-    """The model cannot be evaluated with in-context prompts (e.g. an encoder-only BERT)."""
+    """The model cannot be evaluated this way (e.g. greedy generation from an encoder-only BERT)."""
 
 
 def check_architecture(arch: str) -> None:
-    if arch == "encoder":
-        raise UnsupportedModelError(
-            "encoder-only checkpoints (arch='encoder', BERT-style MLM) are unsupported for in-context "
-            "evaluation: they define no left-to-right likelihood of a continuation; evaluate a decoder "
-            "(GPT) or encoder-decoder (T5) checkpoint, or fine-tune this one on the task"
-        )
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(f"unknown architecture {arch!r}; supported: {list(ARCHITECTURES)}")
 
@@ -78,6 +86,9 @@ class LMScorer:
     padding_side: str = "right"
     device: torch.device | str = "cpu"
     decode_fn: DecodeFn | None = None  # incremental decoding (KV cache); default: re-run logits_fn per step
+    mask_token_id: int | None = None  # encoder-only: [MASK], [CLS], [SEP] of the pseudo-log-likelihood
+    cls_token_id: int | None = None
+    sep_token_id: int | None = None
 
     def __post_init__(self) -> None:
         check_architecture(self.arch)
@@ -89,6 +100,28 @@ class LMScorer:
             raise ValueError(f"max_length must be >= 1, got {self.max_length}")
         if self.arch == "encoder-decoder" and self.decoder_start_token_id is None:
             raise ValueError("an encoder-decoder scorer needs decoder_start_token_id (T5: the pad id, 0)")
+        if self.encoder_only:
+            if None in (self.mask_token_id, self.cls_token_id, self.sep_token_id):
+                raise ValueError("an encoder-only scorer needs mask_token_id, cls_token_id and sep_token_id")
+            if self.max_length < 4:
+                raise ValueError(f"an encoder-only scorer needs max_length >= 4, got {self.max_length}")
+
+    @property
+    def encoder_only(self) -> bool:
+        return self.arch == "encoder"
+
+    @property
+    def window_length(self) -> int:
+        """Tokens a rolling-perplexity window predicts at most: all the model reads, less [CLS], [SEP] and
+        one context token for an encoder."""
+        return self.max_length - 3 if self.encoder_only else self.max_length
+
+    def truncated(self, requests: Sequence[Request]) -> int:
+        """How many requests lose context tokens to the left truncation (see the module docstring)."""
+        if self.seq2seq:
+            return sum(len(ctx) > self.max_length for ctx, _ in requests)
+        room = self.max_length - 2 if self.encoder_only else self.max_length + 1
+        return sum(len(ctx) + len(cont) > room for ctx, cont in requests)
 
     @property
     def seq2seq(self) -> bool:
@@ -117,8 +150,15 @@ class LMScorer:
         return context_ids, self.encode(context + continuation)[len(context_ids) :]
 
     # ------------------------------------------------------------------ log-likelihood
-    def loglikelihood(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, bool]]:
-        """(sum log p(continuation | context), is_greedy) per (context, continuation) string pair."""
+    def forward_count(self, requests: Sequence[Request]) -> int:
+        """How many ``logits_fn`` calls ``loglikelihood_tokens(requests)`` makes (batches of requests, or of
+        masked rows for an encoder)."""
+        rows = sum(len(cont) for _, cont in requests) if self.encoder_only else len(requests)
+        return -(-rows // self.batch_size)
+
+    def encode_requests(self, pairs: Sequence[tuple[str, str]]) -> list[Request]:
+        """Token requests of (context, continuation) string pairs; an error names a continuation with no
+        tokens of its own."""
         encoded = [self.encode_pair(c, x) for c, x in pairs]
         for (ctx, cont), (_, cont_ids) in zip(pairs, encoded):
             if not cont_ids:
@@ -126,7 +166,11 @@ class LMScorer:
                     f"continuation {cont!r} after context ending {ctx[-40:]!r} encodes to no tokens "
                     "of its own (it merged into the context's last token); separate them with a delimiter"
                 )
-        return self.loglikelihood_tokens(encoded)
+        return encoded
+
+    def loglikelihood(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, bool]]:
+        """(sum log p(continuation | context), is_greedy) per (context, continuation) string pair."""
+        return self.loglikelihood_tokens(self.encode_requests(pairs))
 
     def loglikelihood_tokens(
         self, requests: Sequence[tuple[list[int], list[int]]]
@@ -135,10 +179,15 @@ class LMScorer:
         for i, (ctx, cont) in enumerate(requests):
             if not ctx or not cont:
                 raise ValueError(f"request {i}: context and continuation must both be non-empty token lists")
-            if len(cont) > self.max_length:
+            limit = self.max_length - 2 if self.encoder_only else self.max_length
+            if len(cont) > limit:
+                specials = " less [CLS] and [SEP]" if self.encoder_only else ""
                 raise ValueError(
                     f"request {i}: continuation of {len(cont)} tokens exceeds max_length={self.max_length}"
+                    + specials
                 )
+        if self.encoder_only:
+            return self._pseudo_loglikelihood(requests)
         # longest first (as lm-eval), so a batch's padding is small and memory peaks at the start
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]) - len(requests[i][1]))
         results: list[tuple[float, bool] | None] = [None] * len(requests)
@@ -186,6 +235,27 @@ class LMScorer:
             results.append((float(ll), bool((logprobs.argmax(-1) == target).all())))
         return results
 
+    @torch.no_grad()
+    def _pseudo_loglikelihood(self, requests: Sequence[Request]) -> list[tuple[float, bool]]:
+        """Encoder-only: one masked row per continuation token (Salazar et al. 2020), batched by rows."""
+        rows: list[tuple[int, int, list[int]]] = []  # (request, masked position, sequence)
+        for r, (ctx, cont) in enumerate(requests):
+            seq = [self.cls_token_id] + (ctx + cont)[-(self.max_length - 2) :] + [self.sep_token_id]
+            rows += [(r, len(seq) - 1 - len(cont) + i, seq) for i in range(len(cont))]
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][2]))
+        sums = [0.0] * len(requests)
+        greedy = [True] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            chunk = [rows[i] for i in order[start : start + self.batch_size]]
+            masked = [seq[:pos] + [self.mask_token_id] + seq[pos + 1 :] for _, pos, seq in chunk]
+            ids, mask, _ = self._pad(masked, "right")  # absolute positions from 0: no padding on the left
+            logits = self.logits_fn(ids, mask)  # (B, T, V)
+            for b, (r, pos, seq) in enumerate(chunk):
+                logprobs = F.log_softmax(logits[b, pos].double(), dim=-1)  # (V,)
+                sums[r] += float(logprobs[seq[pos]])
+                greedy[r] &= int(logprobs.argmax()) == seq[pos]
+        return list(zip(sums, greedy))
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def greedy_until(self, contexts: Sequence[str], until: Sequence[str], max_new_tokens: int) -> list[str]:
@@ -193,6 +263,11 @@ class LMScorer:
 
         Decoder-only contexts keep their last ``max_length - max_new_tokens`` tokens (as lm-eval).
         """
+        if self.encoder_only:
+            raise UnsupportedModelError(
+                "an encoder-only (BERT-style) model does not generate text: generation tasks need a decoder "
+                "or encoder-decoder checkpoint; score this one on multiple-choice or perplexity tasks"
+            )
         if not self.seq2seq and max_new_tokens >= self.max_length:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be below max_length={self.max_length}")
         keep = self.max_length if self.seq2seq else self.max_length - max_new_tokens

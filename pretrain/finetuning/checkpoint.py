@@ -44,7 +44,8 @@ def save_finetuned(path: Path, checkpoint: Path) -> None:
     (consolidated with ``pretrain.training.checkpoint.consolidate``); LoRA adapters merged. The layout is a
     `pretrain fit` checkpoint's (weights under ``model.``, our section): `pretrain export` reads a text-to-text
     one like a pretrained checkpoint."""
-    from pretrain.training.checkpoint import PAYLOAD, consolidate, model_state, read
+    from pretrain.training.checkpoint import PAYLOAD, consolidate, read
+    from pretrain.training.checkpoint.convert import model_state
 
     with tempfile.TemporaryDirectory() as tmp:
         saved = read(consolidate(checkpoint, Path(tmp) / "consolidated.ckpt"))
@@ -84,7 +85,8 @@ def load_finetuned(path: str | Path) -> tuple[nn.Module, dict[str, Any], Tokeniz
     """``(model in eval mode, our section, tokenizer)`` of a ``finetuned.pt`` (``torch.load(weights_only=True)``;
     LoRA runs are saved merged: a plain model). The section holds ``finetune`` (the run's config),
     ``label_names``, ``num_outputs`` and the backbone's ``config``."""
-    from pretrain.training.checkpoint import PAYLOAD, model_state
+    from pretrain.training.checkpoint import PAYLOAD
+    from pretrain.training.checkpoint.convert import model_state
 
     saved = torch.load(path, map_location="cpu", weights_only=True)
     info = saved[PAYLOAD]

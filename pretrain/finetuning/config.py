@@ -10,6 +10,7 @@ A finetuning recipe (``recipes/finetune-*.yaml``) composes pieces from ``configs
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -136,7 +137,7 @@ class FinetuneConfig:
 
 def validate(raw: dict[str, Any]) -> FinetuneConfig:
     """Typed config with cross-field checks (unknown keys and wrong types name their path)."""
-    cfg = structured(FinetuneConfig, raw)
+    cfg = structured(FinetuneConfig, _with_finetune_defaults(raw))
     check_run_name(cfg.name)
     cfg.run_dir = cfg.run_dir or f"runs/{cfg.name}"
     if cfg.init.checkpoint is None and (cfg.init.model is None or cfg.init.tokenizer is None):
@@ -165,6 +166,30 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
     if cfg.freeze.layers < 0:
         raise ValueError(f"freeze.layers must be >= 0, got {cfg.freeze.layers}")
     return cfg
+
+
+OWN_DEFAULTS = (
+    "trainer",
+    "logger",
+    "checkpoint",
+)  # sections of `pretrain fit` with finetuning's own defaults
+
+
+def _with_finetune_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the sections whose defaults differ from `pretrain fit`'s (``FinetuneConfig``'s factories:
+    the whole validation file, no W&B, no best-k checkpoints) filled in below what it sets."""
+
+    def merged(base: dict[str, Any], given: Any) -> Any:
+        if not isinstance(given, dict):
+            return given
+        return base | {
+            k: merged(base[k], v) if isinstance(base.get(k), dict) else v for k, v in given.items()
+        }
+
+    defaults = FinetuneConfig()
+    return raw | {
+        s: merged(dataclasses.asdict(getattr(defaults, s)), raw[s]) for s in OWN_DEFAULTS if s in raw
+    }
 
 
 def _check_training(cfg: FinetuneConfig) -> None:

@@ -19,6 +19,7 @@ from pretrain.finetuning.metrics import TEXT_METRICS, build_metrics, default_met
 from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Transformer
 from pretrain.training.optim import lr_lambda, param_groups
+from pretrain.training.step import StepLoss
 
 
 def finetune_optimizer(
@@ -40,7 +41,32 @@ class _FinetuneBase(L.LightningModule):
     and the loss scale DeepSpeed needs."""
 
     payload: dict[str, Any] | None = None  # set by pretrain.finetuning.run: configs, tokenizer, labels
-    flops_per_batch: float | None = None  # read by the throughput monitor (tokens/s only, no MFU)
+    flops_per_batch = 0.0  # model FLOPs of the last training micro-batch (read by the throughput monitor)
+    step_loss: StepLoss | None = None  # the running optimizer step's loss (read by the guards)
+
+    def _count_flops(self, backbone: Transformer, batch: dict[str, Any], lm_head: bool) -> None:
+        """``flops_per_batch``: ``Transformer.flops_per_token`` (forward + backward; the LM head only for
+        text-to-text, where it is the output layer) times the batch's tokens; cached per shape."""
+        B, S = batch["input_ids"].shape
+        T = batch["decoder_input_ids"].shape[1] if "decoder_input_ids" in batch else None
+        cache = self.__dict__.setdefault("_flops_per_sample", {})
+        if (S, T) not in cache:
+            cache[S, T] = backbone.flops_per_token(S, T, head_positions=None if lm_head else 0) * S
+        self.flops_per_batch = cache[S, T] * B
+
+    def on_train_start(self) -> None:
+        world = self.trainer.world_size
+        reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
+        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice=False)
+
+    def _step_mean(self, mean: Tensor, batch_idx: int) -> Tensor:
+        """Record a micro-batch's mean loss (over the ranks' mean: ``mean`` of every rank averages to it) for the
+        guards (``StepLoss.add_mean``); return what it backpropagates."""
+        k, step = self.trainer.accumulate_grad_batches, self.step_loss
+        assert step is not None
+        if batch_idx % k == 0:
+            step.begin(torch.tensor(k, device=mean.device))
+        return step.add_mean(mean) * self.backward_scale()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from pretrain.training.checkpoint import PAYLOAD
@@ -89,10 +115,11 @@ class FinetuneModule(_FinetuneBase):
         return loss, logits.detach().argmax(-1)[keep], labels[keep]
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        self._count_flops(self.model.backbone, batch, lm_head=False)
         loss, _, _ = self._loss(batch)
         # equal micro-batches on every rank: the mean over ranks is the global batch's loss
         self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
-        return loss * self.backward_scale()
+        return self._step_mean(loss, batch_idx)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         loss, preds, labels = self._loss(batch)
@@ -150,12 +177,13 @@ class Text2TextModule(_FinetuneBase):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         """The mean over the target tokens of all data-parallel ranks: each rank's sum over the global count,
         times W (data-parallel gradient averaging divides by W)."""
+        self._count_flops(self.model, batch, lm_head=True)
         loss_sum, count = self._loss_sum(batch)
         world = self.trainer.world_size
         total = self.trainer.strategy.reduce(count.float(), reduce_op="sum") if world > 1 else count
         loss = loss_sum / total.clamp_min(1)
         self.log("train/loss", loss.detach(), prog_bar=True, reduce_fx="sum", sync_dist=world > 1)
-        return loss * world * self.backward_scale()
+        return self._step_mean(loss * world, batch_idx)
 
     def _all_ranks_finished(self) -> Any:
         """Decoding stops when every rank's rows have: each step is a forward pass, a collective when the

@@ -76,17 +76,19 @@ def random_block_table(n_blocks: int, r: int, seed: int, causal: bool) -> Tensor
     """(n_blocks, n_blocks) bool: row i holds r distinct key blocks drawn for query block i (among blocks <= i
     when causal; rows with fewer candidates take them all)."""
     generator = torch.Generator().manual_seed(seed)
-    table = torch.zeros(n_blocks, n_blocks, dtype=torch.bool)
+    table = torch.zeros(n_blocks, n_blocks, dtype=torch.bool, device="cpu")
     for i in range(n_blocks):
         candidates = i + 1 if causal else n_blocks
-        table[i, torch.randperm(candidates, generator=generator)[:r]] = True
+        table[i, torch.randperm(candidates, generator=generator, device="cpu")[:r]] = True
     return table
 
 
 @dataclass
 class MaskInputs:
     """Everything a self- or cross-attention mask is built from. Tensors: key_mask (B, S) True = real key,
-    document_ids (B, T), prefix_lengths (B,), global_ids (B, T) True = global token."""
+    document_ids (B, T), prefix_lengths (B,), global_ids (B, T) True = global token; random_table: the pattern's
+    ``random_block_table`` for ``min_blocks`` blocks, already on the device (a stack buffer, so a compiled
+    forward draws nothing: a generator inside the graph is a graph break); drawn here if the keys need more."""
 
     query_len: int
     key_len: int
@@ -98,6 +100,7 @@ class MaskInputs:
     prefix_lengths: Tensor | None = None
     global_ids: Tensor | None = None
     pattern: SparsePattern | None = None
+    random_table: Tensor | None = None
 
     @property
     def batch_free(self) -> bool:
@@ -123,7 +126,9 @@ class MaskInputs:
         table = None
         if pattern is not None and pattern.random_blocks:
             n_blocks = max(pattern.min_blocks, -(-self.key_len // pattern.block_size))
-            table = random_block_table(n_blocks, pattern.random_blocks, pattern.seed, pattern.causal)
+            table = self.random_table
+            if table is None or table.shape[0] != n_blocks:
+                table = random_block_table(n_blocks, pattern.random_blocks, pattern.seed, pattern.causal)
             table = table.to(device)
 
         def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
@@ -215,6 +220,8 @@ class AttentionMask:
         if not inputs.needs_mask() and not inputs.causal:
             return None
         i = inputs
+        if torch.compiler.is_compiling():
+            cache = None  # built inside the graph: a cache lookup would be a guard on the dict, i.e. a recompile
         key = (i.query_len, i.key_len, i.causal, i.cross, i.pattern, str(device))
         if i.batch_free and cache is not None and key in cache:
             return cache[key]

@@ -625,7 +625,7 @@ def set_token_ids(hf_model: Any, ids: dict[str, int]) -> None:
     """Write the tokenizer's special-token ids into the model config and ``generation_config``: ``generate()``
     and ``pipeline`` then stop at eos as ``pretrain generate`` does (the tokenizer, not the model YAML, is the
     source of the ids)."""
-    for config in (hf_model.config, hf_model.generation_config):
+    for config in (hf_model.config, getattr(hf_model, "generation_config", None)):  # encoders: none
         if config is not None:
             for key, value in ids.items():
                 setattr(config, key, value)

@@ -24,7 +24,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from pretrain.models.attention import AttentionMask, MaskInputs, ScoreMod, SparsePattern, attend
+from pretrain.models.attention import (
+    AttentionMask,
+    MaskInputs,
+    ScoreMod,
+    SparsePattern,
+    attend,
+    random_block_table,
+)
 from pretrain.models.config import ModelConfig
 
 
@@ -393,6 +400,11 @@ class Stack(nn.Module):
         super().__init__()
         self.config, self.causal = config, causal
         self.pattern = SparsePattern.from_config(config, causal) if config.sparse else None
+        random_table = None
+        if self.pattern is not None and self.pattern.random_blocks:
+            p = self.pattern
+            random_table = random_block_table(p.min_blocks, p.random_blocks, p.seed, causal).clone()
+        self.register_buffer("random_table", random_table, persistent=False)  # drawn once, moves with .to()
         self.block_masks: dict = {}  # flex BlockMasks that depend on shapes only, reused across steps
         self.blocks = nn.ModuleList(Block(config, cross_attention) for _ in range(n_layer))
         self.norm = make_norm(config) if config.norm_position == "pre" else None
@@ -432,6 +444,7 @@ class Stack(nn.Module):
             prefix_lengths,
             global_ids,
             self.pattern,
+            self.random_table,
         )
         bias = None
         if self.relative_bias is not None:  # T5: bias b[h, bucket(k - q)] on the logits

@@ -1,6 +1,7 @@
 """The recipe and checkpoint verbs: ``tokenizer``, ``prepare``, ``fit``, ``validate``, ``generate``, ``export``.
 
 Each verb is ``add_<verb>_arguments(parser)`` plus ``cmd_<verb>(args) -> exit status``; ``pretrain.cli`` dispatches.
+The config is loaded and validated before torch or Lightning is imported, so bad input is reported at once.
 """
 
 from __future__ import annotations
@@ -12,20 +13,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pretrain import config
 from pretrain.config import RunConfig
-from pretrain.training.setup import prepare_run
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from pretrain.errors import RankDied, peer_gone
-    from pretrain.training.checkpoint.resume import check_resumable
-    from pretrain.training.lightning_compat import dead_ranks
-    from pretrain.training.preemption import Interrupted
-    from pretrain.training.trainer import build_trainer
-
     run, resolved = config.load(args.recipe, args.overrides)
     if args.print_config:
         from omegaconf import OmegaConf
@@ -33,6 +25,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(resolved), end="")
         print("".join(f"# {line}\n" for line in optimizer_groups(run).splitlines()), end="")
         return 0
+    from pretrain.errors import RankDied, peer_gone
+    from pretrain.training.checkpoint.resume import check_resumable
+    from pretrain.training.lightning_compat import dead_ranks
+    from pretrain.training.preemption import Interrupted
+    from pretrain.training.setup import prepare_run
+    from pretrain.training.trainer import build_trainer
+
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is not None:
         check_resumable(run.strategy.name, parts["ckpt"])
@@ -132,16 +131,19 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
             if csv_file.is_file():
                 lines.append(f"metrics CSV: {csv_file}")
             else:
-                lines.append(f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})")
+                lines.append(
+                    f"metrics CSV: none (no step logged; trainer.log_every_n_steps={trainer.log_every_n_steps})"
+                )
     print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pretrain.training.checkpoint.resume import strategy_reads
-    from pretrain.training.trainer import build_trainer
-
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
     run, resolved = config.load(args.recipe, overrides)
+    from pretrain.training.checkpoint.resume import strategy_reads
+    from pretrain.training.setup import prepare_run
+    from pretrain.training.trainer import build_trainer
+
     parts = prepare_run(run, resolved)
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
@@ -165,6 +167,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
     from pretrain.models.generation import generate
     from pretrain.training.checkpoint.convert import load_model
 
@@ -220,7 +224,7 @@ def span_filling_note(tokenizer: Any, prompt_ids: list[int]) -> str:
     if not any((tokenizer.id_to_token(i) or "").startswith("<extra_id_") for i in prompt_ids):
         note += (
             "\n(the prompt has no sentinel, so there is nothing to fill: mark missing text with <extra_id_0>, "
-            "e.g. --prompt \"To be, or <extra_id_0> to be\")"
+            'e.g. --prompt "To be, or <extra_id_0> to be")'
         )
     return note
 
@@ -314,28 +318,63 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from datamodules.prepare import prepare
 
     run, _ = config.load(args.recipe, args.overrides)
+    if args.tasks is not None and args.executor is None:
+        raise ValueError("--tasks needs --executor local|slurm|ray (plain prepare uses --workers)")
     for source in run.data.sources:
         if not source.text:
             raise ValueError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
+        settings = {
+            "val_fraction": run.data.val_fraction,
+            "document": source.document,
+            "text_field": source.text_field,
+            "on_invalid_utf8": run.data.on_invalid_utf8,
+            "eos_token": run.tokenizer.special_tokens.get("eos"),
+            "dedup": source.dedup,
+            "force": args.force,
+        }
         try:
-            meta = prepare(
-                list(source.text),
-                run.tokenizer.path,
-                source.prepared,
-                val_fraction=run.data.val_fraction,
-                document=source.document,
-                text_field=source.text_field,
-                on_invalid_utf8=run.data.on_invalid_utf8,
-                eos_token=run.tokenizer.special_tokens.get("eos"),
-                num_workers=args.workers,
-                force=args.force,
-            )
+            if args.executor is None:
+                meta = prepare(
+                    list(source.text),
+                    run.tokenizer.path,
+                    source.prepared,
+                    num_workers=args.workers,
+                    **settings,
+                )
+            else:
+                from datamodules.executors import prepare_in_tasks
+
+                options = {k: v for k, v in (("partition", args.partition), ("time", args.time)) if v}
+                meta = prepare_in_tasks(
+                    list(source.text),
+                    run.tokenizer.path,
+                    source.prepared,
+                    executor=args.executor,
+                    tasks=args.tasks or 1,
+                    workers=args.workers or -1,
+                    executor_options=options,
+                    **settings,
+                )
+                if meta.get("submitted"):
+                    print(
+                        f"submitted {source.name}: tasks {meta['tasks_pending']} pending under SLURM (logs in "
+                        f"{meta['staging']}); rerun this command once they finish to assemble {source.prepared}"
+                    )
+                    continue
         except InvalidUTF8Error as err:
             raise ValueError(err.with_fix("data.on_invalid_utf8")) from None
         counts = ", ".join(
             f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items()
         )
-        print(f"prepared {source.name} -> {source.prepared}: {counts}")
+        dropped = [
+            f"{meta.get(key, 0):,} {what}"
+            for key, what in (("duplicates_dropped", "exact duplicates"), ("null_texts", "null texts"))
+            if meta.get(key)
+        ]
+        print(
+            f"prepared {source.name} -> {source.prepared}: {counts}"
+            + (f" (dropped {', '.join(dropped)})" if dropped else "")
+        )
     return 0
 
 
@@ -366,8 +405,18 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=0,
-        help="tokenizing processes (default 0: this process, with the tokenizer's threads); same output",
+        help="tokenizing processes (default 0: this process, with the tokenizer's threads); same output. With "
+        "--executor: tasks run at a time (default: all)",
     )
+    p.add_argument(
+        "--executor",
+        choices=["local", "slurm", "ray"],
+        help="split the corpus into --tasks datatrove tasks (local processes, a SLURM job array, a Ray cluster: "
+        "RAY_ADDRESS or a local one); a rerun redoes only failed tasks; same tokens as plain prepare",
+    )
+    p.add_argument("--tasks", type=int, help="tasks of --executor (files are split among them; default 1)")
+    p.add_argument("--partition", help="SLURM partition of --executor slurm (default: local)")
+    p.add_argument("--time", help="SLURM time limit per task of --executor slurm (default 24:00:00)")
 
 
 def add_generate_arguments(g: argparse.ArgumentParser) -> None:

@@ -47,6 +47,7 @@ from torch import Tensor
 
 from pretrain.config.run import GuardsConfig, HangGuardConfig
 from pretrain.training.host_sync import DeferredRead, allowed
+from pretrain.training.step import StepLoss
 
 
 def _cpu_copy(obj: Any) -> Any:
@@ -60,12 +61,12 @@ def _cpu_copy(obj: Any) -> Any:
     return obj
 
 
-def _nonfinite(parameters: list[Tensor], device: torch.device) -> Tensor:
-    """1.0 where any local gradient (this rank's shard under FSDP) is NaN/Inf, else 0.0; (,) on the device."""
-    grads = [g.to_local() if hasattr(g, "to_local") else g for p in parameters if (g := p.grad) is not None]
-    if not grads:  # DeepSpeed keeps its gradients inside the engine; the loss is still checked
+def _nonfinite(norm: Tensor | None, device: torch.device) -> Tensor:
+    """1.0 where the gradient norm of this rank (its shard's under FSDP) is NaN/Inf, else 0.0; (,) on the device."""
+    if norm is None:  # DeepSpeed keeps its gradients inside the engine; the loss is still checked
         return torch.zeros((), device=device)
-    return (~torch.nn.utils.get_total_norm(grads).isfinite()).float()
+    local = norm.to_local() if hasattr(norm, "to_local") else norm
+    return (~local.isfinite()).float()
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
@@ -87,7 +88,9 @@ class StepGuard(Callback):
         self.events: list[dict[str, Any]] = []
         self.snapshot: dict[str, Any] | None = None
         self._trainer: L.Trainer | None = None
-        self._pending: tuple[int, tuple[int, int], DeferredRead] | None = None  # (step, data position, verdict)
+        self._backward_loss: StepLoss | None = None  # for a module without its own StepLoss
+        # (step, data position, verdict) of the step being decided
+        self._pending: tuple[int, tuple[int, int], DeferredRead] | None = None
         self._lr_scaled: list[tuple[float, float]] | None = None
 
     # ------------------------------------------------------------------------------------------ state
@@ -134,13 +137,27 @@ class StepGuard(Callback):
         if self.snapshot is None:
             self._take_snapshot(trainer, force=True)
 
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        """A module without a ``StepLoss`` (finetuning) is guarded by the loss it backpropagates: a constant
+        multiple of its step loss, which is all the spike test and the non-finite check need."""
+        if getattr(pl_module, "step_loss", None) is None and idx % trainer.accumulate_grad_batches == 0:
+            self._backward_loss = StepLoss(trainer.accumulate_grad_batches, 1, lambda t: t, twice=False)
+            self._backward_loss.begin(torch.full((), trainer.world_size, device=pl_module.device))
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+        if self._backward_loss is not None:
+            scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed: a host read of its scale
+            self._backward_loss.add_mean(loss / (scaler.get_scale() if scaler is not None else 1.0))
+
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """The verdict on the device: all-reduce (sum_m S_m, non-finite flag), skip the update where due."""
-        step = pl_module.step_loss
+        step = getattr(pl_module, "step_loss", None) or self._backward_loss
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        flags = torch.stack([step.loss_sum, _nonfinite(params, step.loss_sum.device)])
+        flags = torch.stack([step.loss_sum, _nonfinite(step.grad_norm(params), step.loss_sum.device)])
         if trainer.world_size > 1:
             flags = trainer.strategy.reduce(flags, reduce_op="sum")
         loss = flags[0] / step.num_targets.clamp_min(1)

@@ -60,7 +60,8 @@ class HostSyncError(RuntimeError):
     """A host read of device values on a step that must not wait for the device."""
 
 
-_COPIES = (Tensor.cpu, Tensor.numpy, Tensor.to)  # torch's own calls move to the tensors' device, never to host
+# copies: torch's own calls of these move to the tensors' device, never to host
+_COPIES = (Tensor.cpu, Tensor.numpy, Tensor.to)
 
 
 def _caller(skip_torch: bool = True) -> str | None:

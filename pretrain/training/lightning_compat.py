@@ -55,8 +55,10 @@ def log_metrics(trainer: Any, metrics: dict[str, float]) -> None:
 def validation_follows(trainer: Any) -> bool:
     """Whether the validation loop runs right after the training batch that just ended."""
     loop = trainer.fit_loop.epoch_loop
-    return bool(trainer.enable_validation) and not loop._skip_next_val and loop._should_check_val_fx(
-        trainer.fit_loop._data_fetcher
+    return (
+        bool(trainer.enable_validation)
+        and not loop._skip_next_val
+        and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
     )
 
 
@@ -73,7 +75,11 @@ class StepProgressBar(RichProgressBar):
 
     def _get_train_description(self, current_epoch: int) -> str:
         description = super()._get_train_description(current_epoch)
-        return description.replace(f"/{self.trainer.max_epochs - 1}", "") if self.trainer.max_epochs == -1 else description
+        return (
+            description.replace(f"/{self.trainer.max_epochs - 1}", "")
+            if self.trainer.max_epochs == -1
+            else description
+        )
 
 
 def engine_divides_by_accumulation(strategy: Strategy) -> bool:

@@ -19,7 +19,7 @@ from datamodules.pretrain import PretrainDataModule
 from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training import lightning_compat
+from pretrain.training import compile_compat, lightning_compat
 from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler, describe
 from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
@@ -58,6 +58,14 @@ class PretrainData(PretrainDataModule):
             batch[TARGET_POSITIONS] = (batch["labels"].flatten() != IGNORE_INDEX).nonzero().squeeze(1)
         return batch
 
+    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        """``target_positions`` (N,) has a symbolic length for ``torch.compile``: N varies every batch (MLM, prefix
+        LM, UL2), and one dynamic graph serves them all instead of a recompile (padding N to buckets was slower
+        on the CPU: ``benchmarks/bench_compile_targets.py``)."""
+        if TARGET_POSITIONS in batch:
+            compile_compat.mark_dynamic(batch[TARGET_POSITIONS], 0)
+        return super().on_after_batch_transfer(batch, dataloader_idx)  # counts the batch (exact resume)
+
 
 class PretrainModule(L.LightningModule):
     """Backbone (``pretrain.models.transformer.Transformer``) trained with ``objective``; logs loss, accuracy, perplexity
@@ -77,10 +85,14 @@ class PretrainModule(L.LightningModule):
         objective.check_architecture(run.model.arch)
         self.run, self.objective, self.resolved = run, objective, resolved
         self.tokenizer_json, self.wandb_id = tokenizer_json, wandb_id
-        self.data_keys = data_keys  # each source's prepared-corpus key: a resume checks it trains on the same data
+        self.data_keys = data_keys  # each source's corpus key: a resume checks it trains on the same data
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
         self.model.gradient_checkpointing = run.trainer.activation_checkpointing
+        if run.trainer.float8:
+            from pretrain.training.float8 import convert_to_float8
+
+            convert_to_float8(self.model, fsdp=run.strategy.name == "fsdp")
         if run.trainer.compile:
             self.model.compile()  # compiles __call__ in place: parameter names and state_dict unchanged
         self.tokens_seen = 0
@@ -127,7 +139,8 @@ class PretrainModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
         twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
-        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, self.trainer.world_size, self._reduce, twice)
+        k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
+        self.step_loss = StepLoss(k, world, self._reduce, twice)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """Micro-batch ``batch_idx`` of the running optimizer step; see ``pretrain.training.step``."""
@@ -158,20 +171,40 @@ class PretrainModule(L.LightningModule):
         step = self.step_loss
         assert step is not None and step.loss_sum is not None and self._num_correct is not None
         totals = [*self._reduce(torch.stack([step.loss_sum, self._num_correct.float()])), step.num_targets]
-        grads = [p.grad for p in self.parameters() if p.grad is not None]  # none under DeepSpeed (its engine's)
-        if grads:
-            norm = torch.nn.utils.get_total_norm(grads)
-            totals.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor: made global
+        norm = step.grad_norm(_optimized(optimizer))  # None under DeepSpeed (its engine's gradients)
+        if norm is not None:
+            totals.append(
+                norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            )  # DTensor: made global
         host = torch.stack([t.float() for t in totals]).cpu()  # the step's one device-to-host transfer
         summary = dict(zip(("loss_sum", "num_correct", "num_targets"), host))
         metrics = {f"train/{k}": v for k, v in self.objective.summarize(summary).items()}
-        if grads:
+        if norm is not None:
             metrics["train/grad_norm"] = float(host[3])
         metrics["train/tokens_seen"] = float(self.tokens_seen)
+        data = self.trainer.datamodule
+        if isinstance(data, PretrainDataModule) and len(data.names) > 1:  # corpus tokens read, per source
+            metrics.update({f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()})
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
-        metrics = {k: torch.tensor(v) for k, v in metrics.items()}  # host tensors: Lightning's reads never sync
+        metrics = {
+            k: torch.tensor(v) for k, v in metrics.items()
+        }  # on the host: Lightning's reads never wait
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
-        self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, rank_zero_only=True)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,  # always "norm" (TrainerConfig has no other)
+    ) -> None:
+        """Clip to ``gradient_clip_val`` by the global norm, with the step's norm (computed once per step)."""
+        if not gradient_clip_val:
+            return
+        assert self.step_loss is not None
+        params = _optimized(optimizer)
+        norm = self.step_loss.grad_norm(params)
+        if norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
 
     # ------------------------------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:
@@ -197,7 +230,9 @@ class PretrainModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> dict[str, Any]:
         offload = optimizer_offloaded(self.run)
-        amp = self.run.trainer.precision.endswith("-mixed")
+        # only fp16's loss scaler needs the gradients unscaled before clipping: bf16-mixed can use the fused AdamW
+        # (configure_gradient_clipping clips without Lightning's AMP plugin, which refuses fused optimizers)
+        amp = self.run.trainer.precision.startswith("16")
         optimizer = build_optimizer(
             self.model, self.run.optim, cpu_offload=offload, amp=amp, width_mult=self.run.model.width_mult
         )
@@ -218,3 +253,8 @@ class PretrainModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokens_seen = int(checkpoint.get(PAYLOAD, {}).get("tokens_seen", 0))
+
+
+def _optimized(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The parameters ``optimizer`` updates, in its order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]

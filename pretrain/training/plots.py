@@ -1,5 +1,7 @@
 """Offline curves of a run from its CSV log (``<run_dir>/logs/version_*/metrics.csv``, Lightning's CSVLogger):
-train / val loss, learning rate and tokens/s against the optimizer step, one PNG; several runs overlay.
+train / val loss, learning rate and tokens/s against the optimizer step, one PNG; several runs overlay. A run
+evaluated during fit (``pretrain.training.in_loop_eval``) gets a fourth panel: each task's ``acc`` and the
+CORE-style ``eval/core``.
 
 tokens/s is measured, not logged: the throughput monitor's cumulative ``train/lengths`` (tokens) over its
 cumulative ``train/time`` (seconds), differenced between consecutive logged steps. A resumed run's versions
@@ -12,7 +14,12 @@ import csv
 import math
 from pathlib import Path
 
-CURVES = ("loss", "learning rate", "tokens/s")
+CURVES = ("loss", "learning rate", "tokens/s", "in-loop evaluation")
+
+
+def is_eval_curve(name: str) -> bool:
+    """``eval/core`` and ``eval/<task>/acc``: the accuracies the evaluation panel shows."""
+    return name == "eval/core" or (name.startswith("eval/") and name.endswith("/acc"))
 
 
 def metrics_files(run_dir: str | Path) -> list[Path]:
@@ -27,7 +34,8 @@ def metrics_files(run_dir: str | Path) -> list[Path]:
 
 
 def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """``{"train/loss", "val/loss", "train/lr", "tokens/s"}`` -> [(step, value)] from the run's CSV logs."""
+    """``{"train/loss", "val/loss", "train/lr", "tokens/s", "eval/...": ...}`` -> [(step, value)] from the
+    run's CSV logs (``eval/...``: the ``is_eval_curve`` columns present)."""
     columns = ("train/loss", "val/loss", "train/lr")
     curves: dict[str, list[tuple[int, float]]] = {name: [] for name in (*columns, "tokens/s")}
     clock: tuple[float, float] | None = None  # (tokens, seconds) at the previous throughput row
@@ -35,9 +43,9 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
         with path.open(newline="") as f:
             for row in csv.DictReader(f):
                 step = int(float(row["step"]))
-                for name in columns:
+                for name in (*columns, *filter(is_eval_curve, row)):
                     if row.get(name) not in (None, ""):
-                        curves[name].append((step, float(row[name])))
+                        curves.setdefault(name, []).append((step, float(row[name])))
                 if row.get("train/lengths") not in (None, "") and row.get("train/time") not in (None, ""):
                     tokens, seconds = float(row["train/lengths"]), float(row["train/time"])
                     if clock is not None and seconds > clock[1] and tokens > clock[0]:
@@ -48,21 +56,27 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
-    """One PNG with three panels (loss, learning rate, tokens/s vs step), every run overlaid."""
+    """One PNG with three panels (loss, learning rate, tokens/s vs step), and a fourth of in-loop evaluation
+    accuracies when a run has them; every run overlaid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for index, run_dir in enumerate(run_dirs):
-        curves, color, label = read_curves(run_dir), f"C{index}", Path(run_dir).name
+    runs = [read_curves(run_dir) for run_dir in run_dirs]
+    panels = 4 if any(is_eval_curve(name) for curves in runs for name in curves) else 3
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+    for index, (run_dir, curves) in enumerate(zip(run_dirs, runs)):
+        color, label = f"C{index}", Path(run_dir).name
         for name, style in (("train/loss", "-"), ("val/loss", "o--")):
             if curves[name]:
                 axes[0].plot(*zip(*curves[name]), style, color=color, label=f"{label} {name}", markersize=4)
         for ax, name in ((axes[1], "train/lr"), (axes[2], "tokens/s")):
             if curves[name]:
                 ax.plot(*zip(*curves[name]), color=color, label=label)
+        for k, name in enumerate(sorted(filter(is_eval_curve, curves))):
+            style = "o-" if name == "eval/core" else ("o--", "s:", "^-.", "v--", "d:")[k % 5]
+            axes[-1].plot(*zip(*curves[name]), style, color=color, label=f"{label} {name[5:]}", markersize=4)
     losses = [v for ax_line in axes[0].get_lines() for v in ax_line.get_ydata() if math.isfinite(v)]
     if losses and min(losses) > 0 and max(losses) / min(losses) > 20:
         axes[0].set_yscale("log")

@@ -166,7 +166,7 @@ class LastCheckpoint(Checkpoint):
 
     def _save(self, trainer: L.Trainer) -> None:
         with allowed():  # every weight to the host
-            trainer.save_checkpoint(self.path, weights_only=False)  # the full state (and no notice about defaults)
+            trainer.save_checkpoint(self.path, weights_only=False)  # the full state, said (no notice)
         self._saved_step, self._pending = trainer.global_step, False
 
 

@@ -10,10 +10,16 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from pretrain.training.host_sync import allowed
+
 
 def duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 class ProgressLog(Callback):
@@ -42,7 +48,8 @@ class ProgressLog(Callback):
         parts = [f"step {step}/{trainer.max_steps} ({100 * step // max(trainer.max_steps, 1)}%)"]
         loss = trainer.callback_metrics.get("train/loss")
         if loss is not None:
-            parts.append(f"loss {float(loss):.4f}")
+            with allowed():  # a host tensor: PretrainModule logs its metrics on the host
+                parts.append(f"loss {float(loss):.4f}")
         eta = elapsed / done * (trainer.max_steps - step) if done else 0.0
         parts.append(f"{duration(elapsed)} elapsed" + ("" if last else f", eta {duration(eta)}"))
         print(" | ".join(parts), file=self.stream or sys.stdout, flush=True)

@@ -7,7 +7,9 @@ import logging
 import os
 import warnings
 
-LIBRARIES = r"(lightning|lightning_fabric|pytorch_lightning|torch|transformers|deepspeed|wandb|torchmetrics)(\.|$)"
+LIBRARIES = (
+    r"(lightning|lightning_fabric|pytorch_lightning|torch|transformers|deepspeed|wandb|torchmetrics)(\.|$)"
+)
 ADVERTISING = ("💡 Tip:",)
 
 

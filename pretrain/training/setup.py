@@ -41,7 +41,9 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
     if run.checkpoint.save_top_k <= 0:
         return
     one = torch.tensor(1.0)
-    logged = sorted(f"val/{k}" for k in objective.summarize({"loss_sum": one, "num_targets": one, "num_correct": one}))
+    logged = sorted(
+        f"val/{k}" for k in objective.summarize({"loss_sum": one, "num_targets": one, "num_correct": one})
+    )
     if run.checkpoint.monitor not in logged:
         close = difflib.get_close_matches(run.checkpoint.monitor, logged, n=1, cutoff=0.5)
         raise ValueError(
@@ -54,6 +56,7 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
     """The datamodule; ``ValueError`` when a prepared corpus was tokenized with another tokenizer."""
     from datamodules.prepare import read_meta
+    from pretrain.config.run import mixture_schedule
     from pretrain.training.module import PretrainData
 
     digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
@@ -63,6 +66,8 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
                 f"{source.prepared} was prepared with another tokenizer than {run.tokenizer.path}; "
                 f"rerun `pretrain prepare` (with --force) or point data.sources at matching data"
             )
+        if source.text:
+            check_fresh(run, source, tokenizer)
     return PretrainData(
         [s.prepared for s in run.data.sources],
         objective,
@@ -73,7 +78,32 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
         seed=run.seed,
         val_batches=run.trainer.limit_val_batches,
         accumulate_grad_batches=run.trainer.accumulate_grad_batches,
+        schedule=mixture_schedule(run.data),
+        names=[s.name for s in run.data.sources],
     )
+
+
+def check_fresh(run: RunConfig, source: Any, tokenizer: Any) -> None:
+    """``ValueError`` when ``source.prepared`` is not what ``pretrain prepare`` would write from the recipe now
+    (raw text edited, settings changed, files damaged): training on it would silently use stale data."""
+    from datamodules.prepare import stale_reason
+
+    reason = stale_reason(
+        source.prepared,
+        list(source.text),
+        tokenizer,
+        val_fraction=run.data.val_fraction,
+        document=source.document,
+        text_field=source.text_field,
+        on_invalid_utf8=run.data.on_invalid_utf8,
+        eos_token=run.tokenizer.special_tokens.get("eos"),
+        dedup=source.dedup,
+    )
+    if reason is not None:
+        raise ValueError(
+            f"data source {source.name!r}: {source.prepared} is stale ({reason}); rerun `pretrain prepare` "
+            "with this recipe to rebuild it"
+        )
 
 
 def resume_path(run: RunConfig) -> Path | None:
@@ -124,7 +154,9 @@ def check_same_inputs(
                 f"cannot resume {ckpt}: {problem}; resume with the tokenizer and data it trained on, start a new run "
                 f"(name=NEW or resume=null), or pass resume_allow=[{what}] ({RESUME_CHANGES[what]})"
             )
-        warnings.warn(f"resuming {ckpt} although {problem} (resume_allow): {RESUME_CHANGES[what]}", stacklevel=2)
+        warnings.warn(
+            f"resuming {ckpt} although {problem} (resume_allow): {RESUME_CHANGES[what]}", stacklevel=2
+        )
 
 
 def new_run_id() -> str:

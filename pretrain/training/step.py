@@ -14,7 +14,9 @@ quantity of it is here, in the order it happens (torchtitan's ``train_step`` rea
         N = all_reduce_sum(n_r)                     # StepLoss.begin, once per step (m = 1)
         S = objective.loss(model(x_m), y_m)
         backward(S * k * W / N)                     # StepLoss.add; Lightning divides by k, data parallelism by W
-    S_sum, bad = all_reduce_sum([sum_m S, nonfinite(grads)])   # StepGuard: one collective
+    g = ||grads||                                   # StepLoss.grad_norm, once: guards, clipping, logging
+    S_sum, bad = all_reduce_sum([sum_m S, not finite(g)])      # StepGuard: one collective
+    clip(grads, max_norm, g)
     optimizer.step(found_inf=bad or spike)          # skipped on the device, no host read
     L = S_sum / N                                   # read back once the step ends (guards.py)
 
@@ -88,11 +90,22 @@ class StepLoss:
         self.multiplier = accumulate * world_size * (accumulate if twice else 1)
         self.loss_sum: Tensor | None = None
         self.num_targets: Tensor | None = None
+        self._grad_norm: tuple[Tensor | None] | None = None  # computed once per step
+
+    def grad_norm(self, params: list[Tensor]) -> Tensor | None:
+        """The global L2 norm of ``params``' gradients (the optimizer's, in its order) before clipping, computed
+        once per step for the guards, clipping and logging; a DTensor under FSDP (this rank's part in
+        ``to_local()``); None without gradients (DeepSpeed keeps them in its engine)."""
+        if self._grad_norm is None:
+            grads = [p.grad for p in params if p.grad is not None]
+            self._grad_norm = (torch.nn.utils.get_total_norm(grads) if grads else None,)
+        return self._grad_norm[0]
 
     def begin(self, local_targets: Tensor) -> None:
         """First micro-batch of a step: N = the all-reduced count of the step's targets."""
         self.num_targets = self.reduce(local_targets.clone())
         self.loss_sum = torch.zeros((), device=local_targets.device)
+        self._grad_norm = None
 
     def add(self, loss_sum: Tensor) -> Tensor:
         """Record ``S_m`` and return what micro-batch m backpropagates: ``S_m * multiplier / N``."""

@@ -16,7 +16,7 @@ from pretrain.config.run import TrainingRun
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
-from pretrain.training.host_sync import SyncCheck
+from pretrain.training.host_sync import SyncCheck, allowed
 from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.progress import progress_callbacks
 from pretrain.training.quiet import quiet_libraries
@@ -66,7 +66,8 @@ def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | No
 
 def build_callbacks(run: TrainingRun) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
-    validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``."""
+    validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``;
+    evaluation during fit (``run.eval_during_fit``)."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -75,11 +76,16 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
             length_fn=lambda batch: batch["input_ids"].numel(),
             window_size=max(2, micro_batches(run.trainer.throughput_window, k)),
             peak=run.trainer.peak_flops,
+            float8=run.trainer.float8,
         ),
         *build_guards(run),
     ]
     if run.trainer.sync_check != "off":
         callbacks.append(SyncCheck(run.trainer.sync_check))
+    if getattr(run, "eval_during_fit", None) and run.eval_during_fit.tasks:  # a RunConfig section only
+        from pretrain.training.in_loop_eval import InLoopEvaluation
+
+        callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
     if run.checkpoint.save_top_k > 0:
         callbacks.append(
             ModelCheckpoint(
@@ -142,14 +148,20 @@ def build_trainer(
 
 
 def metrics_of_logging_steps(get_metrics: Callable[[Any, Any], dict]) -> Callable[[Any, Any], dict]:
-    """A progress bar's ``get_metrics`` that reads the logged metrics again only on steps that log (and outside
-    training): Lightning converts each to a Python number on every refresh, a host read per batch."""
+    """A progress bar's ``get_metrics`` plus the training ``loss``, read again only on steps that log (and outside
+    training): Lightning converts every progress-bar metric to a Python number on each refresh and on each read
+    of ``callback_metrics``, a host read per batch -- so the module logs none with ``prog_bar`` and the bar
+    takes ``train/loss`` (a host tensor) from the callback metrics here."""
     cache: dict[str, Any] = {}
 
     def cached(trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         if not cache or not trainer.training or lightning_compat.should_update_logs(trainer):
             cache.clear()
             cache.update(get_metrics(trainer, pl_module))
+            loss = trainer.callback_metrics.get("train/loss")
+            if loss is not None:
+                with allowed():
+                    cache["loss"] = round(float(loss), 4)
         return dict(cache)
 
     return cached

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from training_utils import read_metrics, tiny_recipe
 
 from pretrain.cli import main
@@ -17,8 +18,10 @@ def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tin
     assert main(["fit", str(recipe)]) == 0
     out, err = capfd.readouterr()
     # not a terminal: progress as plain lines (the last step's at least), and no library tips or notices
-    assert re.search(r"^step 3/3 \(100%\) \| loss \d+\.\d{4} \| \d+m\d\ds elapsed$", out, re.M), out
-    assert "Tip:" not in err + out and "weights_only` was not set" not in err + out and "Epoch" not in err + out
+    assert re.search(r"^step 3/3 \(100%\) \| loss \d+\.\d{4} \| \d+m\d\ds elapsed$", out, re.MULTILINE), out
+    assert (
+        "Tip:" not in err + out and "weights_only` was not set" not in err + out and "Epoch" not in err + out
+    )
     csv_file = tmp_path / "run" / "logs" / "version_0" / "metrics.csv"
     assert f"metrics CSV: {csv_file}" in out and csv_file.is_file()
     assert [int(r["step"]) for r in read_metrics(tmp_path / "run") if r.get("train/loss")] == [2]
@@ -31,6 +34,7 @@ def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tin
     assert not (tmp_path / "run" / "logs" / "version_1").exists()  # no Trainer was built
 
 
+@pytest.mark.slow
 def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_path, tiny_world):
     run_dir = tmp_path / "lstm"
     common = [
@@ -45,7 +49,7 @@ def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_pa
         "data.micro_batch_size=2",
         "data.seq_len=16",
         "trainer.val_check_interval=100",
-        "trainer.limit_val_batches=1",
+        "trainer.limit_val_batches=0",  # no validation stream (nor its final perplexity pass)
         "trainer.log_every_n_steps=1",
         "trainer.progress_bar=false",
         "logger.wandb.enabled=false",
@@ -78,18 +82,24 @@ def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_wor
     assert fit(tiny_world["data"], tiny_world["tokenizer"], "trainer.max_steps=2") == 0
     # the corpus edited (two paragraphs swapped: the same samples per epoch, which is all that was checked)
     text = tiny_world["corpus"].read_text().split("\n\n")
-    base = prepare([tiny_world["corpus"]], tiny_world["tokenizer"], tmp_path / "same", val_fraction=0.1, progress=False)
+    base = prepare(
+        [tiny_world["corpus"]], tiny_world["tokenizer"], tmp_path / "same", val_fraction=0.1, progress=False
+    )
     for i in range(0, 20, 2):
         edited = tmp_path / "edited.txt"
         edited.write_text("\n\n".join([*text[:i], text[i + 1], text[i], *text[i + 2 :]]))
-        meta = prepare([edited], tiny_world["tokenizer"], tmp_path / f"edited{i}", val_fraction=0.1, progress=False)
+        meta = prepare(
+            [edited], tiny_world["tokenizer"], tmp_path / f"edited{i}", val_fraction=0.1, progress=False
+        )
         if meta["splits"] == base["splits"]:
             break
     capsys.readouterr()
     assert fit(tmp_path / f"edited{i}") == 2
     err = capsys.readouterr().err
     assert "cannot resume" in err and "the prepared data differs" in err and "resume_allow=[data]" in err
-    assert fit(tmp_path / f"edited{i}", tiny_world["tokenizer"], "resume_allow=[data]") == 0  # the explicit override
+    assert (
+        fit(tmp_path / f"edited{i}", tiny_world["tokenizer"], "resume_allow=[data]") == 0
+    )  # the explicit override
 
     # another tokenizer of the same vocabulary size, and the corpus prepared with it
     other, backwards = tmp_path / "other-tokenizer.json", tmp_path / "backwards.txt"
@@ -109,14 +119,20 @@ def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_p
         return state
 
     trainer = {"max_steps": 4, "val_check_interval": 2}
-    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer, checkpoint={"every_n_steps": 2, "save_top_k": 1})
+    recipe = tiny_recipe(
+        tmp_path, tiny_world, "gpt", trainer=trainer, checkpoint={"every_n_steps": 2, "save_top_k": 1}
+    )
     checkpoints = tmp_path / "run" / "checkpoints"
     assert main(["fit", str(recipe)]) == 0
     state = best_state(checkpoints / "last.ckpt")  # saved after step 4's validation: it knows that result
     assert state["best_model_path"] and Path(state["best_model_path"]).is_file()
-    assert set(Path(p).name for p in state["best_k_models"]) == {p.name for p in checkpoints.glob("best-*.ckpt")}
+    assert {Path(p).name for p in state["best_k_models"]} == {
+        p.name for p in checkpoints.glob("best-*.ckpt")
+    }
 
-    assert main(["fit", str(recipe), "trainer.max_steps=8"]) == 0  # resumed: the tracker still names real files
+    assert (
+        main(["fit", str(recipe), "trainer.max_steps=8"]) == 0
+    )  # resumed: the tracker still names real files
     best = sorted(checkpoints.glob("best-*.ckpt"))
     state = best_state(checkpoints / "last.ckpt")
     assert len(best) == 1 and Path(state["best_model_path"]) == best[0]

@@ -30,7 +30,7 @@ SHORT = {
 def commands(readme: Path, after: str) -> list[list[str]]:
     """The ``pretrain ...`` lines of the first ```bash block after the line starting with ``after``."""
     text = readme.read_text()
-    block = re.search(r"```bash\n(.*?)```", text[text.index(after) :], re.S).group(1)
+    block = re.search(r"```bash\n(.*?)```", text[text.index(after) :], re.DOTALL).group(1)
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("pretrain ")]
 
 
@@ -45,7 +45,9 @@ def run(work: Path, argv: list[str], verb: str | None = None) -> str:
         timeout=600,
         check=False,
     )
-    assert done.returncode == 0, f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout
 
 

@@ -12,6 +12,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
+from model_zoo import SCORING_ARCHS
+from training_utils import TINY_MODEL
 
 from pretrain.cli import main
 from pretrain.models.config import ModelConfig
@@ -19,34 +21,9 @@ from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: one thread beats two contended ones
-GPT = {"arch": "decoder", "n_layer": 2, "position": "learned", "init": "gpt2", "tie_embeddings": True}
-LLAMA = {
-    "arch": "decoder",
-    "n_layer": 2,
-    "position": "rope",
-    "norm": "rmsnorm",
-    "norm_bias": False,
-    "activation": "swiglu",
-    "mlp_bias": False,
-    "attn_bias": False,
-    "tie_embeddings": False,
-}
-T5_V1_1 = {
-    "arch": "encoder-decoder",
-    "n_layer": 2,
-    "n_decoder_layer": 1,
-    "norm": "rmsnorm",
-    "norm_bias": False,
-    "position": "relative",
-    "activation": "geglu_tanh",
-    "mlp_bias": False,
-    "attn_bias": False,
-    "attn_scale": "none",
-    "tie_embeddings": False,  # T5 v1.1: lm_head is its own matrix, decoder outputs unscaled
-    "init": "t5",
-    "pad_token_id": 0,
-    "decoder_start_token_id": 0,
-}
+GPT = TINY_MODEL["gpt"]  # tied embeddings (GPT-2)
+LLAMA = SCORING_ARCHS["llama"]
+T5_V1_1 = TINY_MODEL["t5"]  # untied: lm_head is its own matrix, decoder outputs unscaled (T5 v1.1)
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,7 @@ def raw(files, tmp_path, model: dict, **sections) -> dict:
             "train_file": str(files / "train.tsv"),
             "val_file": str(files / "dev.tsv"),
             "micro_batch_size": 16,
+            "max_length": 64,  # the tiny backbones' position table
         },
         "optim": {"lr": 3e-3, "warmup_steps": 5, "weight_decay": 0.0},
         "trainer": {"max_steps": 40, "accelerator": "cpu", "val_check_interval": 100, "progress_bar": False},

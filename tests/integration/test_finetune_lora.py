@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_utils import TINY_MODEL
 
 from pretrain.finetuning.config import validate
 from pretrain.finetuning.run import run
@@ -17,32 +18,9 @@ from pretrain.finetuning.run import run
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: one thread beats two contended ones
 FILLER = ["the", "film", "movie", "plot", "was", "is", "a", "really", "quite", "so"]
 TINY = {"vocab_size": 448, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 32}
-BERT = TINY | {
-    "arch": "encoder",
-    "norm_position": "post",
-    "embedding_norm": True,
-    "activation": "gelu",
-    "type_vocab_size": 2,
-    "init": "bert",
-    "dropout": 0.0,
-    "attn_dropout": 0.0,
-}
-T5 = TINY | {
-    "arch": "encoder-decoder",
-    "n_decoder_layer": 1,
-    "norm": "rmsnorm",
-    "norm_bias": False,
-    "position": "relative",
-    "attn_scale": "none",
-    "activation": "relu",
-    "mlp_bias": False,
-    "attn_bias": False,
-    "init": "t5",
-    "dropout": 0.0,
-    "tie_embeddings": False,
-    "decoder_start_token_id": 0,
-    "pad_token_id": 0,
-}
+NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0}
+BERT = TINY | TINY_MODEL["bert"] | NO_DROPOUT | {"type_vocab_size": 2}
+T5 = TINY | TINY_MODEL["t5"] | NO_DROPOUT
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +93,8 @@ def test_lora_merged_export_gives_the_unmerged_logits(xor_files, tmp_path):
 
     from pretrain.finetuning.checkpoint import _build, load_finetuned
     from pretrain.models.hf import save_hf
-    from pretrain.training.checkpoint import PAYLOAD, model_state, read
+    from pretrain.training.checkpoint import PAYLOAD, read
+    from pretrain.training.checkpoint.convert import model_state
 
     raw = _raw(
         xor_files,

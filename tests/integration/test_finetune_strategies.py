@@ -4,8 +4,8 @@ text-to-text (LoRA adapters, merged into ``finetuned.pt``); an FSDP run stopped 
 from its sharded checkpoint equals the uninterrupted one; ``finetuned.pt`` is consolidated from sharded
 checkpoints; a text-to-text checkpoint exports to transformers like a pretrained one.
 
-All runs share one launch of 2 ranks (``finetune_worker.py``). The validation file has an odd number of examples,
-so one rank's shard is padded: sharded strategies need the same forward passes on every rank.
+All runs share one launch of 2 ranks (``finetune_worker.py``). The validation file splits into unequal shards, so
+one rank's is padded: sharded strategies need the same forward passes on every rank.
 """
 
 from __future__ import annotations
@@ -17,37 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_utils import REPO_ROOT, launch_metrics, metric_by_step, read_metrics, run_ranks
+from training_utils import REPO_ROOT, TINY_MODEL, launch_metrics, metric_by_step, read_metrics, run_ranks
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 WORDS = {1: ["good", "great", "fine", "lovely"], 0: ["bad", "awful", "poor", "dull"]}
 FILLER = ["the", "film", "movie", "plot", "was", "is", "a", "really"]
 TINY = {"vocab_size": 448, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 48}
-BERT = TINY | {
-    "arch": "encoder",
-    "norm_position": "post",
-    "embedding_norm": True,
-    "activation": "gelu",
-    "type_vocab_size": 2,
-    "init": "bert",
-    "dropout": 0.0,
-    "attn_dropout": 0.0,
-}
-T5 = TINY | {
-    "arch": "encoder-decoder",
-    "n_decoder_layer": 1,
-    "norm": "rmsnorm",
-    "norm_bias": False,
-    "position": "relative",
-    "attn_scale": "none",
-    "activation": "relu",
-    "mlp_bias": False,
-    "attn_bias": False,
-    "init": "t5",
-    "dropout": 0.0,
-    "decoder_start_token_id": 0,
-    "pad_token_id": 0,
-}
+NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0}
+BERT = TINY | TINY_MODEL["bert"] | NO_DROPOUT | {"type_vocab_size": 2}
+T5 = TINY | TINY_MODEL["t5"] | NO_DROPOUT
 STEPS = 6
 LORA = {"r": 4, "alpha": 8, "target_modules": ["qkv", "q", "kv", "out", "fc", "proj"]}
 STRATEGIES = {
@@ -58,11 +36,13 @@ STRATEGIES = {
 
 
 def _files(root: Path) -> Path:
-    """Synthetic sentiment TSVs (256 train, 63 dev: an odd count) and a byte-level BPE trained on them."""
+    """Synthetic sentiment TSVs and a byte-level BPE trained on them. 65 dev examples on 2 ranks of micro-batch 8:
+    33 + 32, so without padding rank 0 would run a 5th forward pass that rank 1 never joins (a hang when
+    sharded); padded, rank 1's 5th batch is one padding example."""
     from datamodules.tokenizer import train_bpe
 
     rng = random.Random(0)
-    for split, n in (("train", 256), ("dev", 63)):
+    for split, n in (("train", 256), ("dev", 65)):
         rows = []
         for _ in range(n):
             label = rng.randint(0, 1)
@@ -149,8 +129,10 @@ def test_sharded_finetuning_equals_ddp(runs, kind, strategy):
 
     (reference, _, _), (model, _, _) = (load_finetuned(d / "finetuned.pt") for d in (ddp, sharded))
     ours = model.state_dict()
+    # atol 1e-5: the key bias gets a zero gradient up to rounding (softmax ignores it), which AdamW turns into
+    # updates of ~lr * rounding-sign; everything else agrees to ~1e-7
     for name, weight in reference.state_dict().items():
-        torch.testing.assert_close(ours[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(ours[name], weight, rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_fsdp_finetuning_resumes_exactly(runs):

@@ -31,12 +31,15 @@ def test_cpu_mode_passes_every_leg_and_writes_the_table_and_json(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     legs = report["legs"]
-    assert list(legs) == ["data", "train", "resume-single", "generation"]
+    assert list(legs) == ["data", "train", "resume-single", "generation", "float8"]
     assert all(leg["status"] == "PASS" for leg in legs.values())
     assert all(f"{name:<16}PASS" in done.stdout for name in legs)  # the table
     train = legs["train"]
     assert train["last_loss"] < train["first_loss"] and train["tokens_per_s_per_device"] > 0
     assert train["graph_breaks"] == train["recompiles"] == 0
+    assert train["sync_check"] == "error" and train["peak_bf16_flops"] is None  # a CPU has no peak: no MFU
+    assert train["mfu"] is None and "no causal halving" in train["mfu_convention"]
+    assert "needs CUDA GPUs" in legs["float8"]["refused_on_cpu"]
     resume = legs["resume-single"]
     assert resume["resumed_at_step"] == 4 and resume["loss_resumed"] == resume["loss_uninterrupted"]
     assert resume["hf_max_abs_logit_diff"] < 1e-3

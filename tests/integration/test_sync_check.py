@@ -18,7 +18,7 @@ from pretrain.training.setup import prepare_run
 from pretrain.training.trainer import build_trainer
 
 # 4 steps, logging on step 2 only: steps 0, 1 and 3 are checked
-TRAINER = {"max_steps": 4, "log_every_n_steps": 3, "val_check_interval": 2, "progress_bar": True}
+TRAINER = {"max_steps": 4, "log_every_n_steps": 3, "val_check_interval": 4, "progress_bar": True}
 OBJECTIVES = {
     "clm": ("gpt", {}),
     "prefix_lm": ("gpt", {"arch": "decoder"}),
@@ -36,7 +36,7 @@ def recipe(tmp_path, world, objective: str, **trainer):
         kind,
         objective={"name": objective, "options": options},
         trainer={**TRAINER, "sync_check": "error", **trainer},
-        checkpoint={"every_n_steps": 2, "save_top_k": 1},
+        checkpoint={"every_n_steps": 2, "save_top_k": 0},  # a save inside a checked step
     )
 
 
@@ -49,7 +49,7 @@ def fit(path, callbacks=()) -> SyncCheck:
 
 
 @pytest.mark.parametrize("objective", sorted(OBJECTIVES))
-def test_steps_that_do_not_log_read_nothing_from_the_device(tmp_path, tiny_world, objective):  # noqa: F811
+def test_steps_that_do_not_log_read_nothing_from_the_device(tmp_path, tiny_world, objective):
     check = fit(recipe(tmp_path, tiny_world, objective))
     assert check.checked_steps == 3 and not check.counts
 
@@ -59,14 +59,14 @@ class ReadsTheLoss(Callback):
         self.loss = outputs["loss"].item()
 
 
-def test_an_item_in_a_user_callback_stops_the_run_naming_its_line(tmp_path, tiny_world):  # noqa: F811
+def test_an_item_in_a_user_callback_stops_the_run_naming_its_line(tmp_path, tiny_world):
     line = inspect.getsourcelines(ReadsTheLoss.on_train_batch_end)[1] + 1
     with pytest.raises(HostSyncError, match=rf"Tensor\.item\(\) at .*test_sync_check\.py:{line} .* step 0"):
         fit(recipe(tmp_path, tiny_world, "clm"), callbacks=[ReadsTheLoss()])
 
 
 @pytest.mark.parametrize(("strategy", "objective"), [("ddp", "clm"), ("fsdp", "span_corruption")])
-def test_two_ranks_read_nothing_from_the_device(tmp_path, tiny_world, strategy, objective):  # noqa: F811
+def test_two_ranks_read_nothing_from_the_device(tmp_path, tiny_world, strategy, objective):
     path = recipe(tmp_path, tiny_world, objective, devices=2, progress_bar=False)
     backend = ["strategy.ddp.process_group_backend=gloo"] if strategy == "ddp" else []
     proc = subprocess.run(
@@ -79,4 +79,5 @@ def test_two_ranks_read_nothing_from_the_device(tmp_path, tiny_world, strategy, 
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "sync_check=error: 3 steps that do not log checked (rank 0); host reads: none" in proc.stdout + proc.stderr
+    summary = "sync_check=error: 3 steps that do not log checked (rank 0); host reads: none"
+    assert summary in proc.stdout + proc.stderr

@@ -34,7 +34,10 @@ def test_a_run_name_cannot_escape_the_runs_directory(capsys, tmp_path, monkeypat
     [
         ("data.sources={name: x}", "data.sources is a list; give a list (data.sources=[{...}])"),
         ("data.sources.name=x", "address an item by its index (data.sources.0.name=...)"),
-        ("objective.options.document_masking=3", "objective.options.document_masking: expected bool, got int 3"),
+        (
+            "objective.options.document_masking=3",
+            "objective.options.document_masking: expected bool, got int 3",
+        ),
         ("name=${modle.d_model}", "cannot resolve name: Interpolation key 'modle.d_model' not found"),
     ],
 )
@@ -49,7 +52,7 @@ def test_an_override_may_interpolate_another_key():
 
 def test_sources_given_as_a_mapping_in_a_recipe(capsys, tmp_path):
     recipe = tmp_path / "mapping.yaml"
-    recipe.write_text(f"defaults: [data/shakespeare]\nname: m\ndata:\n  sources: {{name: x, text: [a.txt]}}\n")
+    recipe.write_text("defaults: [data/shakespeare]\nname: m\ndata:\n  sources: {name: x, text: [a.txt]}\n")
     line = one_error_line(capsys, "fit", recipe)
     assert "data.sources is a list in one place and a mapping in another" in line
 
@@ -58,3 +61,12 @@ def test_a_recipe_listing_itself_in_its_defaults(capsys, tmp_path):
     recipe = tmp_path / "loop.yaml"
     recipe.write_text("defaults: [model/gpt-tiny, loop]\nname: loop\n")
     assert "its defaults list the recipe itself ('loop')" in one_error_line(capsys, "fit", recipe)
+
+
+def test_a_monitor_naming_no_logged_metric_is_refused_before_training(capsys, tmp_path, tiny_world):
+    from training_utils import tiny_recipe
+
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", checkpoint={"monitor": "val/los", "save_top_k": 1})
+    line = one_error_line(capsys, "fit", recipe)
+    assert "checkpoint.monitor='val/los' is not a metric the validation logs" in line and "'val/loss'" in line
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained

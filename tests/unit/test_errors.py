@@ -30,12 +30,17 @@ def failing_validate(monkeypatch):
 @pytest.mark.parametrize(
     "exc, expected",
     [
-        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "lower data.micro_batch_size"),
+        (
+            torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+            "lower data.micro_batch_size",
+        ),
         (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8 GB"), "out of memory"),
         (OSError(errno.ENOSPC, "No space left on device", "runs/x/last.ckpt"), "free space there"),
         (PermissionError(errno.EACCES, "Permission denied", "/ro/x"), "choose a path you may write"),
         (
-            RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:2"),
+            RuntimeError(
+                "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:2"
+            ),
             "another rank of this run died",
         ),
         (IsADirectoryError(errno.EISDIR, "Is a directory", "runs/x"), "Is a directory"),
@@ -70,3 +75,14 @@ def test_the_progress_bar_has_no_negative_epoch_count():
     bar = StepProgressBar()
     bar._trainer = SimpleNamespace(max_epochs=-1)
     assert bar._get_train_description(1).strip() == "Epoch 1"
+
+
+def test_a_directory_given_as_a_checkpoint_names_the_file_to_pass(capsys, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert main(["generate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{tmp_path} is a directory, not a checkpoint: pass a checkpoint file (e.g. {tmp_path}/checkpoints/last.ckpt)"
+        in err
+    )

@@ -15,14 +15,16 @@ from model_zoo import SCORING_ARCHS
 
 from datamodules.tokenizer import train_bpe
 from pretrain.evaluation import metrics as M
-from pretrain.evaluation.models import load_scorer, scorer_from_model
+from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.perplexity import disjoint_window, evaluate_perplexity, rolling_token_windows
 from pretrain.evaluation.runner import evaluate, format_table
-from pretrain.evaluation.scoring import LMScorer, UnsupportedModelError
+from pretrain.evaluation.scoring import LMScorer
 from pretrain.evaluation.tasks import TaskConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is far faster
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,9 @@ def tokenizer(corpus, tmp_path_factory):
 
 def tiny(kind: str, dtype=torch.float32, max_seq_len: int = 96) -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=416, d_model=64, n_layer=2, n_head=4, max_seq_len=max_seq_len, **SCORING_ARCHS[kind])
+    cfg = ModelConfig(
+        vocab_size=416, d_model=64, n_layer=2, n_head=4, max_seq_len=max_seq_len, **SCORING_ARCHS[kind]
+    )
     return Transformer(cfg).to(dtype).eval()
 
 
@@ -144,17 +148,6 @@ def test_results_do_not_depend_on_batch_size_or_padding_side(kind, dtype, tol, t
     for result in runs.values():
         for (ll, greedy), (ref_ll, ref_greedy) in zip(result, reference):
             assert abs(ll - ref_ll) <= tol and greedy == ref_greedy
-
-
-def test_encoder_only_checkpoints_are_unsupported(tokenizer, tmp_path):
-    encoder = Transformer(ModelConfig(arch="encoder", vocab_size=416, d_model=32, n_layer=1, n_head=2))
-    with pytest.raises(UnsupportedModelError, match="encoder-only.*unsupported"):
-        scorer_from_model(encoder, tokenizer)
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
-    with pytest.raises(UnsupportedModelError, match="unsupported"):  # before any weight is read
-        load_scorer(tmp_path)
-    with pytest.raises(ValueError, match="unsupported"):
-        LMScorer(lambda i, m: i, tokenizer, max_length=8, prefix_token_id=0, arch="encoder")
 
 
 def test_too_long_continuation_and_fused_continuation_are_rejected(tokenizer):

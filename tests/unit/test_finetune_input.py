@@ -36,7 +36,13 @@ def parts(tmp_path, tokenizer, train: str, name: str = "train.tsv", **data):
     cfg = {
         "run_dir": str(tmp_path / "run"),
         "init": {"model": TINY_BERT, "tokenizer": str(tokenizer)},
-        "data": {"train_file": str(path), "text_columns": ["sentence"], "label_column": "label", "max_length": 32, **data},
+        "data": {
+            "train_file": str(path),
+            "text_columns": ["sentence"],
+            "label_column": "label",
+            "max_length": 32,
+            **data,
+        },
         "trainer": {"accelerator": "cpu", "progress_bar": False},
     }
     return build_parts(validate(cfg))
@@ -46,7 +52,9 @@ TWO_CLASSES = "sentence\tlabel\na good film\t1\na bad plot\t0\n"
 
 
 def test_a_train_file_with_one_class_is_refused(tmp_path, tokenizer):
-    with pytest.raises(ValueError, match="every example has label '1'; a classifier needs two or more classes"):
+    with pytest.raises(
+        ValueError, match="every example has label '1'; a classifier needs two or more classes"
+    ):
         parts(tmp_path, tokenizer, "sentence\tlabel\na good film\t1\nlovely\t1\n")
     assert parts(tmp_path, tokenizer, TWO_CLASSES)["datamodule"].num_labels == 2
 

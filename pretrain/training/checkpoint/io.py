@@ -192,13 +192,20 @@ def kind(path: str | Path) -> str:
         return "fsdp"
     if (path / DEEPSPEED_LATEST).is_file():
         return "deepspeed"
+    if path.is_dir():
+        inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        example = f" (e.g. {next((p for p in inside if p.name == 'last.ckpt'), inside[0])})" if inside else ""
+        raise ValueError(
+            f"{path} is a directory, not a checkpoint: pass a checkpoint file{example} or a sharded FSDP/DeepSpeed "
+            f"checkpoint directory"
+        )
     raise ValueError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
 
 
 def payload(path: str | Path) -> dict[str, Any]:
     """Our section (config, tokenizer, W&B id, tokens seen) of a checkpoint file or sharded directory."""
     path = Path(path)
-    meta = path / METADATA if path.is_dir() else path
+    meta = path / METADATA if path.is_dir() and kind(path) else path
     ckpt = read(meta, mmap=True)
     if PAYLOAD not in ckpt:
         raise ValueError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")

@@ -1,0 +1,268 @@
+"""What ``pretrain fit`` costs beyond a plain PyTorch loop: start-up to the first step, and time per step.
+
+Both measured in the same run against peers on the same machine, CPU time (user + system, the stable figure on a
+shared machine) and wall time, interleaved A/B over ``--rounds``, medians reported:
+
+- start-up: a whole process that trains 1 step and then evaluates 20 batches -- ``pretrain fit`` (the tiny GPT of
+  nanoGPT's CPU recipe size: 4 layers, 4 heads, d=128, context 64, batch 12) vs a plain script (torch, the same
+  ``Transformer``, the same prepared shards, the same step and evaluation) and, with ``--nanogpt DIR`` (a checkout
+  of karpathy/nanoGPT with ``data/shakespeare_char`` prepared), nanoGPT's ``train.py`` on its documented CPU
+  recipe with ``--max_iters=0`` (one evaluation of 2 x 20 batches, one step). Target: <= 1.5x nanoGPT.
+- per step: ``Trainer.fit`` with everything ``pretrain fit`` runs (non-finite guard, hang watchdog, throughput
+  monitor, checkpoint callbacks, CSV logging every 10 steps, progress bar) vs the plain loop (forward, loss,
+  backward, clip, fused AdamW, schedule) over the same model and batches, in one process. Target: <= 5 %.
+  ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,
+  logging, clipping); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per step of the costliest hooks.
+
+    python benchmarks/bench_step_overhead.py [--rounds 3] [--steps 60] [--nanogpt /path/to/nanoGPT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
+RECIPE = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
+WARMUP = 5  # steps excluded from the per-step timing
+ABLATIONS = {  # pretrain fit with everything, and without one part (overrides)
+    "everything": (),
+    "no progress bar": ("trainer.progress_bar=false",),
+    "no hang watchdog": ("guards.hang.enabled=false",),
+    "no non-finite guard": ("guards.nonfinite.enabled=false",),
+    "no CSV logging": ("logger.csv=false", "trainer.log_every_n_steps=100000"),
+    "no gradient clipping": ("trainer.gradient_clip_val=null",),
+}
+NANOGPT_CPU = [  # nanoGPT's README, "I only have a macbook" (CPU), evaluated once and stepped once
+    "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
+    "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=0",
+    "--lr_decay_iters=2000", "--dropout=0.0",
+]  # fmt: skip
+
+
+def overrides(work: Path, tag: str, steps: int, progress_bar: bool = True) -> list[str]:
+    """The tiny GPT at nanoGPT's CPU-recipe size; validation of 20 batches after the last step only."""
+    return [
+        f"tokenizer.path={work / 'tokenizer.json'}",
+        f"data.sources.0.prepared={work / 'data'}",
+        f"run_dir={work / tag}",
+        "resume=null",
+        f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps}",
+        "trainer.limit_val_batches=20",
+        f"checkpoint.every_n_steps={steps}",
+        f"trainer.progress_bar={str(progress_bar).lower()}",
+        "logger.wandb.enabled=false",
+        "model.dropout=0.0",
+        "data.micro_batch_size=12",
+        "data.seq_len=64",
+    ]
+
+
+def child_clock(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child) of running ``command`` to completion."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def plain_startup(work: Path) -> None:
+    """The plain peer's process: build the model and data as a hand-written script would, 1 step, 20 eval batches."""
+    import torch
+
+    from datamodules.tokenizer import load_tokenizer
+    from pretrain import config
+    from pretrain.models.transformer import Transformer
+    from pretrain.training.optim import build_optimizer
+    from pretrain.training.setup import build_data, build_objective
+
+    run, _ = config.load(RECIPE, overrides(work, "plain-startup", 1))
+    tokenizer = load_tokenizer(run.tokenizer.path)
+    objective = build_objective(run, tokenizer)
+    data = build_data(run, objective, tokenizer)
+    data.setup("fit")
+    model = Transformer(run.model)
+    optimizer = build_optimizer(model, run.optim)
+    batch = next(iter(data.train_dataloader()))
+    loss_sum, n = objective.loss(model(batch["input_ids"]).logits, batch["labels"])
+    (loss_sum / n).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        for i, val in enumerate(data.val_dataloader()):
+            if i == 20:
+                break
+            objective.loss(model(val["input_ids"]).logits, val["labels"])
+
+
+def startup(work: Path, args: argparse.Namespace) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO_ROOT)}
+    runs = {
+        "pretrain fit": [sys.executable, "-m", "pretrain", "fit", str(RECIPE), *overrides(work, "fit", 1)],
+        "plain script": [sys.executable, __file__, "--plain-startup", str(work)],
+    }
+    if args.nanogpt:
+        out = f"--out_dir={work / 'nanogpt-out'}"
+        runs["nanoGPT train.py"] = ["sh", "-c", f"cd {args.nanogpt} && exec {sys.executable} train.py "
+                                    + " ".join([*NANOGPT_CPU, out])]  # fmt: skip
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for r in range(args.rounds):
+        for name, command in runs.items():
+            times[name].append(child_clock(command, env))
+        print(
+            f"round {r}: "
+            + ", ".join(f"{n} {t[-1][1]:.2f} CPU-s ({t[-1][0]:.2f} s)" for n, t in times.items())
+        )
+    print(
+        f"\nstart-up to 1 step + 20 evaluation batches, {args.rounds} rounds (medians), load {os.getloadavg()[0]:.1f}"
+    )
+    med = {n: tuple(statistics.median(x[i] for x in t) for i in (0, 1)) for n, t in times.items()}
+    for name, (wall, cpu) in med.items():
+        print(f"  {name:>17}: {cpu:6.2f} CPU-s {wall:6.2f} s wall")
+    for peer in [p for p in ("nanoGPT train.py", "plain script") if p in med]:
+        cpu_ratio, wall_ratio = (med["pretrain fit"][i] / med[peer][i] for i in (1, 0))
+        print(f"  pretrain fit / {peer}: {cpu_ratio:.2f}x CPU, {wall_ratio:.2f}x wall")
+
+
+# ----------------------------------------------------------------------------------------------- per step
+def per_step(work: Path, args: argparse.Namespace) -> None:
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    from pretrain import config
+    from pretrain.training.module import STEP_TARGETS
+    from pretrain.training.optim import build_optimizer, build_scheduler
+    from pretrain.training.setup import build_data, prepare_run
+    from pretrain.training.trainer import build_loggers, build_trainer
+
+    def now() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def rate(times: list[tuple[float, float]]) -> tuple[float, float]:
+        """(seconds per step on the wall clock, CPU seconds per step) after the warm-up steps."""
+        n = len(times) - 1 - WARMUP
+        return (times[-1][0] - times[WARMUP][0]) / n, (times[-1][1] - times[WARMUP][1]) / n
+
+    class StepClock(Callback):
+        def __init__(self) -> None:
+            self.times: list[tuple[float, float]] = []
+
+        def on_train_batch_end(self, trainer, *_) -> None:
+            self.times.append(now())
+
+    def lightning(tag: str, profile: bool, without: tuple[str, ...] = ()):
+        run, resolved = config.load(RECIPE, [*overrides(work, tag, args.steps), *without])
+        parts = prepare_run(run, resolved)
+        clock = StepClock()
+        trainer = build_trainer(run, resolved, callbacks=[clock], loggers=build_loggers(run, resolved, None))
+        if profile:
+            trainer.profiler = SimpleProfiler()
+        trainer.fit(parts["module"], datamodule=parts["datamodule"])
+        return rate(clock.times[: args.steps]), trainer.profiler if profile else None
+
+    def plain(tag: str):
+        run, resolved = config.load(RECIPE, overrides(work, tag, args.steps))
+        parts = prepare_run(run, resolved)
+        model, objective = parts["module"].model, parts["module"].objective
+        optimizer = build_optimizer(model, run.optim)
+        scheduler = build_scheduler(optimizer, run.optim, run.trainer.max_steps)
+        data = build_data(run, objective, parts["tokenizer"])
+        data.setup("fit")
+        model.train()
+        times = []
+        for step, batch in enumerate(data.train_dataloader()):
+            if step == args.steps:
+                break
+            batch = data.on_before_batch_transfer(batch, 0)  # as under Lightning: all-ones masks dropped
+            batch.pop(STEP_TARGETS)
+            labels = batch.pop("labels")
+            loss_sum, n = objective.loss(model(**batch).logits, labels)
+            (loss_sum / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), run.trainer.gradient_clip_val)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            times.append(now())
+        return rate(times)
+
+    torch.set_num_threads(args.threads)
+    results: dict[str, list[tuple[float, float]]] = {"plain": [], "fit": []}
+    for r in range(args.rounds):
+        results["plain"].append(plain(f"plain{r}"))
+        results["fit"].append(lightning(f"fit{r}", profile=False)[0])
+        (pw, pc), (lw, lc) = results["plain"][-1], results["fit"][-1]
+        print(
+            f"round {r}: plain {1e3 * pc:.1f} CPU-ms/step ({1e3 * pw:.1f} ms), fit {1e3 * lc:.1f} ({1e3 * lw:.1f})"
+        )
+    print(f"\nper step, {args.steps} steps x {args.rounds} rounds (medians), load {os.getloadavg()[0]:.1f}")
+    for i, clock in ((1, "CPU clock"), (0, "wall clock")):
+        p, f = (statistics.median(x[i] for x in results[k]) for k in ("plain", "fit"))
+        print(f"  {clock:>10}: plain loop {1e3 * p:.2f} ms/step, pretrain fit {1e3 * f:.2f} ms/step: "
+              f"{f / p:.3f}x (overhead {100 * (f / p - 1):+.1f} %; target <= 5 %)")  # fmt: skip
+    if args.ablate:
+        print(
+            f"\nwhat costs what: pretrain fit without one part at a time, CPU ms per step ({args.rounds} rounds)"
+        )
+        cost: dict[str, list[float]] = {name: [] for name in ABLATIONS}
+        for r in range(args.rounds):
+            for name, without in ABLATIONS.items():
+                cost[name].append(1e3 * lightning(f"{name}{r}".replace(" ", "_"), False, without)[0][1])
+        full = statistics.median(cost["everything"])
+        plain_ms = 1e3 * statistics.median(x[1] for x in results["plain"])
+        print(f"  {'plain loop':>28}: {plain_ms:6.2f}")
+        for name, values in cost.items():
+            ms = statistics.median(values)
+            note = "" if name == "everything" else f"  (the part costs {full - ms:+.2f})"
+            print(f"  {name:>28}: {ms:6.2f}{note}")
+    if args.profile:
+        _, profiler = lightning("profiled", profile=True)
+        steps = args.steps
+        print(f"\nhooks of pretrain fit (Lightning SimpleProfiler), mean ms per step over {steps} steps:")
+        costs = {
+            k: 1e3 * sum(v) / steps for k, v in profiler.recorded_durations.items() if "validation" not in k
+        }
+        for name, ms in sorted(costs.items(), key=lambda kv: -kv[1])[:25]:
+            print(f"  {ms:8.3f}  {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout with data/shakespeare_char prepared")
+    parser.add_argument("--only", choices=["startup", "step"], help="one of the two measurements")
+    parser.add_argument("--profile", action="store_true", help="per-hook costs of pretrain fit's step")
+    parser.add_argument("--ablate", action="store_true", help="pretrain fit without one part at a time")
+    parser.add_argument("--plain-startup", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_startup:
+        return plain_startup(args.plain_startup)
+    from datamodules.prepare import prepare
+    from datamodules.tokenizer import train_bpe
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        train_bpe([CORPUS], 1024, work / "tokenizer.json", min_frequency=2, show_progress=False)
+        prepare([CORPUS], work / "tokenizer.json", work / "data", val_fraction=0.05, progress=False)
+        if args.only != "step":
+            startup(work, args)
+        if args.only != "startup":
+            per_step(work, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""``pretrain plan RECIPE [key=value ...] --gpus N --gpu-memory 80GiB``: per-GPU memory of a training step under
+each strategy, and the largest micro-batch that fits, before anything is allocated.
+
+Traced, not guessed: the recipe's real model, optimizer (AdamW, its states made by a real ``step``), objective
+batch, precision (autocast) and activation checkpointing run two training steps on fake tensors (no memory,
+no compute), under torch's ``MemTracker``, which attributes every live tensor to parameters, gradients,
+optimizer state or activations (``memory_compat.trace_peak``). Its peak, one device unsharded, is what a
+single-device run allocates (validated within 15 % of real CPU steps in ``tests/integration/test_plan.py``).
+
+Strategies then keep per GPU (N ranks; P parameters, G gradients at the peak, O optimizer state, A activations
+and temporaries at the peak, U the largest FSDP unit = a block or the root's embeddings / head, all traced):
+
+    ddp            P + G + O + A + G_all               the reducer's buckets: a copy of every gradient
+    fsdp           (P + G + O) / N + A + 3 U           all-gather of the current and the prefetched unit, and
+                                                       the reduce-scatter input of one unit's gradients
+    fsdp-offload   A + 3 U                             parameters, gradients and optimizer on the CPU
+    zero1/2/3      DeepSpeed keeps parameters and gradients at the compute dtype (bf16: P/2, G/2) and an fp32
+                   master copy inside the optimizer state (bf16: O + P); stage 1 shards the optimizer state,
+                   stage 2 also the gradients, stage 3 also the parameters (gathering 2 U at a time); plus its
+                   reduce and all-gather buckets (``strategy.deepspeed.*_bucket_size`` elements, capped at
+                   the model's size)
+    zero2-offload  optimizer state (and the gradients it steps on) on the CPU
+    zero3-offload  parameters too
+
+The peak grows linearly with the micro-batch B (traced at B and 2 B), which gives the largest micro-batch
+fitting ``0.9 x --gpu-memory`` (the rest: CUDA context, allocator fragmentation). Not modelled:
+the CUDA context itself, NCCL's internal buffers, kernels' workspaces (cuBLAS, FlashAttention), compile-time
+autotuning; the GPU check compares the plan with ``torch.cuda.max_memory_allocated`` (``benchmarks/gpu_check.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from pretrain import config
+from pretrain.config import RunConfig
+
+HEADROOM = 0.9  # of --gpu-memory usable by tensors
+UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+STRATEGIES = ("ddp", "fsdp", "fsdp-offload", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload")
+
+
+def parse_bytes(text: str) -> int:
+    """``80GiB``, ``80G``, ``24GB`` (read as GiB, as GPU memory is quoted), ``512MiB`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not match:
+        raise ValueError(f"--gpu-memory {text!r} is not a size; write e.g. 80GiB, 40GiB or 24GiB")
+    return int(float(match.group(1)) * UNITS[match.group(2)])
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Bytes of one device's training step, unsharded, at its peak (traced)."""
+
+    params: int  # parameters and buffers
+    grads: int  # gradients alive at the peak
+    all_grads: int  # gradients of every trainable parameter (what DDP's buckets copy)
+    optimizer: int  # optimizer state
+    activations: int  # activations and backward temporaries alive at the peak
+    peak: int  # everything at the peak
+    largest_unit: int  # parameters of the largest FSDP unit (a block, or the root's embeddings and head)
+
+
+def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]:
+    """The recipe's objective on random tokens when its tokenizer exists (shapes and target counts as in
+    training); else a batch of the architecture's shape (MLM-like 15 % targets for encoders, a quarter-length
+    decoder for encoder-decoders)."""
+    from pathlib import Path
+
+    generator = torch.Generator().manual_seed(0)
+    T, V = run.data.seq_len, run.model.vocab_size
+    if Path(run.tokenizer.path).is_file():
+        from datamodules.tokenizer import load_tokenizer
+        from pretrain.training.setup import build_objective
+
+        objective = build_objective(run, load_tokenizer(run.tokenizer.path))
+        tokens = torch.randint(4, V, (micro_batch, objective.raw_length(T)), generator=generator)
+        batch = objective(tokens, generator)
+        if objective.sparse_targets:
+            batch["target_positions"] = (batch["labels"].flatten() != -100).nonzero().squeeze(1)
+        return batch
+    ids = torch.randint(4, V, (micro_batch, T), generator=generator)
+    if run.model.arch == "decoder":
+        return {"input_ids": ids, "labels": ids}
+    if run.model.arch == "encoder":
+        labels = torch.where(torch.rand(micro_batch, T, generator=generator) < 0.15, ids, -100)
+        return {"input_ids": ids, "labels": labels,
+                "target_positions": (labels.flatten() != -100).nonzero().squeeze(1)}  # fmt: skip
+    dec = ids[:, : max(1, T // 4)]
+    return {"input_ids": ids, "decoder_input_ids": dec, "labels": dec}
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, precision: str) -> None:
+    """One training step of ``model`` on ``batch``: forward, loss, backward, optimizer step."""
+    from objectives.loss import token_cross_entropy
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    labels = batch["labels"]
+    if "target_positions" in batch:
+        labels = labels.flatten()[batch["target_positions"]]
+    device = next(model.parameters()).device.type
+    amp = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed" else None
+    amp = amp or (torch.autocast(device, dtype=torch.float16) if precision == "16-mixed" else None)
+    with amp or contextlib.nullcontext():
+        loss = token_cross_entropy(model(**inputs).logits, labels)[0]
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def build(run: RunConfig, checkpointing: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+    from pretrain.models.transformer import Transformer
+    from pretrain.training.optim import build_optimizer
+
+    model = Transformer(run.model)
+    model.check_inputs = False
+    model.gradient_checkpointing = checkpointing
+    if run.trainer.precision == "bf16-true":
+        model = model.to(torch.bfloat16)
+    return model, build_optimizer(model, run.optim, amp=run.trainer.precision.endswith("-mixed"))
+
+
+def largest_unit(model: nn.Module) -> int:
+    """Parameter bytes of the largest FSDP unit: one block, or what the root unit holds (all but the blocks)."""
+    from pretrain.training.strategies import shard_units
+
+    blocks = shard_units(model)
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    root = sum(p.nbytes for p in model.parameters() if id(p) not in in_blocks)
+    return max([root, *(sum(p.nbytes for p in b.parameters()) for b in blocks)])
+
+
+def trace(run: RunConfig, micro_batch: int, checkpointing: bool) -> StepMemory:
+    """Two training steps of the recipe at ``micro_batch`` on fake tensors, measured by torch's MemTracker."""
+    from pretrain.training.memory_compat import fake_mode, trace_peak
+
+    batch = synthetic_batch(run, micro_batch)  # real (small) integer tensors, made outside the fake mode
+    with fake_mode() as mode:
+        model, optimizer = build(run, checkpointing)
+        fake = {k: mode.from_tensor(v) for k, v in batch.items()}
+        snap = trace_peak(model, optimizer, lambda: train_step(model, optimizer, fake, run.trainer.precision))
+        unit = largest_unit(model)
+        all_grads = sum(p.nbytes for p in model.parameters() if p.requires_grad)
+    return StepMemory(
+        params=snap["params"], grads=snap["grads"], all_grads=all_grads, optimizer=snap["optimizer"],
+        activations=snap["activations"], peak=snap["total"], largest_unit=unit,
+    )  # fmt: skip
+
+
+def per_gpu(step: StepMemory, strategy: str, gpus: int, run: RunConfig) -> dict[str, int]:
+    """Per-GPU bytes of ``step`` under ``strategy`` on ``gpus`` ranks (the module docstring's table)."""
+    n, P, G, O, A, U = gpus, step.params, step.grads, step.optimizer, step.activations, step.largest_unit
+    if strategy == "ddp":
+        parts = {"params": P, "grads": G, "optimizer": O, "comm": step.all_grads}
+    elif strategy == "fsdp":
+        parts = {"params": P // n, "grads": G // n, "optimizer": O // n, "comm": 3 * U}
+    elif strategy == "fsdp-offload":
+        parts = {"params": 0, "grads": 0, "optimizer": 0, "comm": 3 * U}
+    else:
+        stage = int(strategy[4])
+        half = run.trainer.precision.startswith(("bf16", "16")) and run.trainer.precision != "bf16-true"
+        p, g = (P // 2, G // 2) if half else (P, G)
+        o = O + (P if half else 0)  # fp32 master weights live in DeepSpeed's optimizer
+        ds = run.strategy.deepspeed
+        elem = 2 if half else 4
+        numel = P // 4 if half or run.trainer.precision == "32-true" else P // 2
+        buckets = (min(ds.reduce_bucket_size, numel) + min(ds.allgather_bucket_size, numel)) * elem
+        offload = strategy.endswith("offload")
+        parts = {
+            "params": 0 if stage == 3 and offload else (p // n if stage == 3 else p),
+            "grads": 0 if offload else (g // n if stage >= 2 else g),
+            "optimizer": 0 if offload else o // n,
+            "comm": buckets + (2 * U // (2 if half else 1) if stage == 3 else 0),
+        }
+    return {**parts, "activations": A, "total": sum(parts.values()) + A}
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    strategy: str
+    checkpointing: bool
+    parts: dict[str, int]
+    max_micro_batch: int  # 0: not even one sample fits
+
+
+def plan(run: RunConfig, gpus: int, gpu_memory: int) -> list[PlanRow]:
+    """Every strategy x activation checkpointing at the configured micro-batch, with the largest that fits."""
+    B = run.data.micro_batch_size
+    rows = []
+    for checkpointing in (False, True):
+        at, twice = trace(run, B, checkpointing), trace(run, 2 * B, checkpointing)
+        per_sample = max(1, (twice.peak - at.peak) // B)  # bytes the peak grows by per sample
+        for strategy in STRATEGIES:
+            parts = per_gpu(at, strategy, gpus, run)
+            room = int(HEADROOM * gpu_memory) - parts["total"]
+            most = B + room // per_sample if room >= 0 else B - -(-room // per_sample)
+            rows.append(PlanRow(strategy, checkpointing, parts, max(0, most)))
+    return rows
+
+
+def format_table(rows: list[PlanRow], run: RunConfig, gpus: int, gpu_memory: int) -> str:
+    gib = 2**30
+    head = (f"per-GPU memory (GiB) of one training step: {run.name}, micro-batch {run.data.micro_batch_size} x "
+            f"{run.data.seq_len} tokens, {run.trainer.precision}, {gpus} GPU(s) of {gpu_memory / gib:.0f} GiB "
+            f"(fits: {HEADROOM:.0%} of it)")  # fmt: skip
+    cols = ["params", "grads", "optimizer", "activations", "comm", "total"]
+    lines = [
+        head,
+        f"{'strategy':<15}{'ckpt':<6}" + "".join(f"{c:>12}" for c in cols) + f"{'max micro-batch':>17}",
+    ]
+    for r in rows:
+        cells = "".join(f"{r.parts[c] / gib:>12.3f}" for c in cols)
+        fits = "" if r.parts["total"] <= HEADROOM * gpu_memory else "  (configured: does not fit)"
+        lines.append(
+            f"{r.strategy:<15}{'on' if r.checkpointing else 'off':<6}{cells}{r.max_micro_batch:>17}{fits}"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML, e.g. recipes/gpt2-124m.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. data.micro_batch_size=16")
+    p.add_argument("--gpus", type=int, default=8, help="data-parallel ranks (default 8)")
+    p.add_argument("--gpu-memory", default="80GiB", help="memory of one GPU (default 80GiB)")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    memory = parse_bytes(args.gpu_memory)
+    run, _ = config.load(args.recipe, args.overrides)
+    run = replace(run, trainer=replace(run.trainer, compile=False, float8=False))  # eager shapes
+    print(format_table(plan(run, args.gpus, memory), run, args.gpus, memory))
+    return 0
+
+
+def summary(rows: list[PlanRow]) -> dict[str, Any]:
+    """``{strategy[+ckpt]: total bytes}``: the plan as data (the GPU check compares it with the measured peak)."""
+    return {f"{r.strategy}{'+ckpt' if r.checkpointing else ''}": r.parts["total"] for r in rows}

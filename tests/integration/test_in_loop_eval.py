@@ -1,0 +1,186 @@
+"""Evaluation during fit: the numbers logged at a step equal ``pretrain evaluate`` on the checkpoint of that step
+(decoder, encoder by pseudo-log-likelihood, encoder-decoder; 1 and 2 ranks), the losses are bitwise those of
+a run without it (dropout on), and a resumed run continues the evaluations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from training_utils import (
+    launch_metrics,
+    metric_by_step,
+    read_metrics,
+    run_ranks,
+    tiny_recipe,
+    wandb_records,
+)
+
+from pretrain.cli import main as cli_main
+from pretrain.training.plots import read_curves
+
+WORKER = Path(__file__).with_name("fit_worker.py")
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process fits, as run_cli subprocesses
+
+
+@pytest.fixture(scope="module")
+def eval_tasks(tiny_world, tmp_path_factory) -> list[str]:
+    """Task YAMLs on the tiny corpus: 12 two-way choices (the true next line or another one) and 3 documents."""
+    tmp = tmp_path_factory.mktemp("in_loop_tasks")
+    lines = [s for s in tiny_world["corpus"].read_text(encoding="utf-8").splitlines() if 10 < len(s) < 40]
+    items = []
+    for i in range(12):
+        good, bad = lines[2 * i + 1].split()[0], lines[(7 * i + 40) % len(lines)].split()[0]
+        items.append(
+            {"query": lines[2 * i], "choices": [good, bad] if i % 2 else [bad, good], "gold": 1 - i % 2}
+        )
+    (tmp / "mc.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
+    (tmp / "ppl.jsonl").write_text(
+        "".join(json.dumps({"text": " ".join(lines[k : k + 12])}) + "\n" for k in (0, 50, 99))
+    )
+    files = []
+    for name, kind in (("mc", "multiple_choice"), ("ppl", "perplexity")):
+        path = tmp / f"{name}.yaml"
+        path.write_text(f"name: {name}\ntype: {kind}\npath: {tmp / name}.jsonl\n")
+        files.append(str(path))
+    return files
+
+
+def eval_recipe(directory: Path, world: dict, kind: str, evaluated: bool = True, **sections) -> Path:
+    """A tiny recipe of 4 steps (learning rate decaying over 6: a resumed run continues the same schedule),
+    checkpointed and, when ``evaluated``, scored every 2 steps."""
+    directory.mkdir(exist_ok=True)
+    if evaluated:
+        sections["eval_during_fit"] = {
+            "tasks": world["eval_tasks"],
+            "every_n_steps": 2,
+            "num_fewshot": 1,
+            "batch_size": 3,
+        }
+    trainer = {"max_steps": 4, "val_check_interval": 2, **sections.pop("trainer", {})}
+    return tiny_recipe(
+        directory,
+        world,
+        kind,
+        trainer=trainer,
+        optim={"warmup_steps": 2, "decay_steps": 6},
+        checkpoint={"every_n_steps": 2, "save_top_k": 0},
+        **sections,
+    )
+
+
+def logged_eval(rows: list[dict[str, str]]) -> dict[int, dict[str, float]]:
+    """{step: {metric: value}} of the ``eval/`` columns of CSV rows."""
+    out: dict[int, dict[str, float]] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name.startswith("eval/") and value not in (None, ""):
+                out.setdefault(int(row["step"]), {})[name] = float(value)
+    return out
+
+
+def evaluate_checkpoint(checkpoint: Path, tasks: list[str], out: Path) -> dict[str, float]:
+    assert (
+        cli_main(
+            [
+                "evaluate",
+                str(checkpoint),
+                "--tasks",
+                ",".join(tasks),
+                "--num-fewshot",
+                "1",
+                "--output",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    results = json.loads(out.read_text())
+    flat = {f"eval/{t}/{m}": v for t, r in results["results"].items() for m, v in r["metrics"].items()}
+    return flat | {"eval/core": results["core"]}
+
+
+def assert_same_numbers(logged: dict[str, float], reference: dict[str, float]) -> None:
+    assert reference
+    for name, value in reference.items():
+        assert logged[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+
+
+@pytest.fixture(scope="module")
+def world(tiny_world, eval_tasks) -> dict:
+    return {**tiny_world, "eval_tasks": eval_tasks}
+
+
+def test_decoder_in_loop_eval_is_pretrain_evaluate_leaves_losses_bitwise_and_survives_resume(world, tmp_path):
+    model = {"dropout": 0.1}  # dropout on: its masks must not move
+    plain = eval_recipe(tmp_path / "plain", world, "gpt", evaluated=False, model=model)
+    evaluated = eval_recipe(tmp_path / "evaluated", world, "gpt", model=model)
+    assert cli_main(["fit", str(plain), "trainer.max_steps=6"]) == 0
+    assert cli_main(["fit", str(evaluated)]) == 0
+    assert cli_main(["fit", str(evaluated), "trainer.max_steps=6"]) == 0  # resume=auto from step 4
+    run_dir = tmp_path / "evaluated" / "run"
+    reference = metric_by_step(read_metrics(tmp_path / "plain" / "run"), "train/loss")
+    launches = launch_metrics(run_dir)
+    losses = {s: v for rows in launches for s, v in metric_by_step(rows, "train/loss").items()}
+    assert losses == reference and len(reference) == 6  # bitwise: the CSV holds every float exactly
+    assert [sorted(logged_eval(rows)) for rows in launches] == [[2, 4], [6]]  # step 4 not evaluated twice
+    logged = logged_eval(read_metrics(run_dir))
+    for step in (2, 4, 6):
+        assert {k for k in logged[step] if k.endswith("seconds")} == {
+            "eval/seconds",
+            "eval/mc/seconds",
+            "eval/ppl/seconds",
+        }
+    reference = evaluate_checkpoint(
+        run_dir / "checkpoints" / "last.ckpt", world["eval_tasks"], tmp_path / "e.json"
+    )
+    assert_same_numbers(logged[6], reference)
+    assert (
+        logged[2]["eval/ppl/token_perplexity"] != logged[6]["eval/ppl/token_perplexity"]
+    )  # re-scored as it learns
+    curves = read_curves(run_dir)  # curves.png reads the same columns
+    assert [s for s, _ in curves["eval/core"]] == [2, 4, 6] and "eval/mc/acc" in curves
+    assert (run_dir / "curves.png").is_file()
+
+
+@pytest.mark.parametrize("kind", ["bert", "t5"])
+def test_encoder_and_encoder_decoder_in_loop_eval_is_pretrain_evaluate(kind, world, tmp_path):
+    """BERT by pseudo-log-likelihood, T5 as a seq2seq scorer: the numbers of the checkpoint at that step; the
+    BERT run also logs them to (offline) W&B."""
+    wandb = {"logger": {"wandb": {"enabled": True}, "csv": True}} if kind == "bert" else {}
+    assert cli_main(["fit", str(eval_recipe(tmp_path, world, kind, **wandb))]) == 0
+    logged = logged_eval(read_metrics(tmp_path / "run"))
+    assert sorted(logged) == [2, 4]
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert_same_numbers(logged[4], evaluate_checkpoint(checkpoint, world["eval_tasks"], tmp_path / "e.json"))
+    if wandb:
+        (run_file,) = (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
+        history = [
+            {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+            for r in wandb_records(run_file)
+            if r.WhichOneof("record_type") == "history"
+        ]
+        in_wandb = {h["trainer/global_step"]: h for h in history if "eval/core" in h}
+        assert sorted(in_wandb) == [2, 4]
+        assert {k: in_wandb[4][k] for k in logged[4]} == logged[4]
+
+
+def test_two_rank_fsdp2_in_loop_eval_equals_pretrain_evaluate(world, tmp_path):
+    """Requests sharded over 2 gloo ranks of an FSDP2 BERT run and gathered: the numbers of one process. The
+    ranks' pseudo-log-likelihoods need different numbers of forwards (masked rows), so the idle forwards that
+    keep FSDP2's all-gathers paired must run, or the run hangs."""
+    recipe = eval_recipe(
+        tmp_path,
+        world,
+        "bert",
+        trainer={"devices": 2, "accelerator": "cpu", "max_steps": 2},
+        strategy={"name": "fsdp", "fsdp": {"state_dict_type": "full"}},
+    )
+    run_ranks(WORKER, "fit", str(recipe), log_dir=tmp_path, timeout=400)
+    logged = logged_eval(read_metrics(tmp_path / "run"))
+    assert sorted(logged) == [2]
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert_same_numbers(logged[2], evaluate_checkpoint(checkpoint, world["eval_tasks"], tmp_path / "e.json"))

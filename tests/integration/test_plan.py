@@ -1,0 +1,82 @@
+"""``pretrain plan``: the traced estimate (fake tensors, no memory) of a training step's peak matches the peak of
+the same steps on real CPU tensors within 15 %, with and without activation checkpointing; the table lists every
+strategy with the largest micro-batch that fits; bad sizes fail in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pretrain import config
+from pretrain.cli import main
+from pretrain.training import plan
+from pretrain.training.memory_compat import trace_peak
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["data.micro_batch_size=4", "data.seq_len=32", "model.max_seq_len=64"]
+
+
+def measured_peak(run, micro_batch: int, checkpointing: bool) -> int:
+    """Two real training steps on the CPU (real tensors, real kernels), their peak by the memory tracker."""
+    model, optimizer = plan.build(run, checkpointing)
+    batch = plan.synthetic_batch(run, micro_batch)
+    step = lambda: plan.train_step(model, optimizer, batch, run.trainer.precision)
+    return trace_peak(model, optimizer, step)["total"]
+
+
+CASES = [("gpt-tiny", "32-true", True), ("bert-tiny", "bf16-mixed", False), ("t5-tiny", "32-true", True)]
+
+
+@pytest.mark.parametrize(("recipe", "precision", "checkpointing"), CASES)
+def test_traced_peak_is_within_15_percent_of_the_measured_cpu_peak(recipe, precision, checkpointing):
+    run, _ = config.load(REPO / "recipes" / f"{recipe}.yaml", [*SMALL, f"trainer.precision={precision}"])
+    estimate = plan.trace(run, 4, checkpointing)
+    measured = measured_peak(run, 4, checkpointing)
+    assert estimate.peak == pytest.approx(measured, rel=0.15)
+    assert estimate.params > 0 and estimate.optimizer >= 2 * estimate.params * 0.9  # AdamW: 2 moments
+    assert estimate.activations > 0
+
+
+def test_checkpointing_lowers_activations_and_sharding_lowers_the_per_gpu_total():
+    run, _ = config.load(REPO / "recipes" / "gpt-tiny.yaml", SMALL)
+    rows = {(r.strategy, r.checkpointing): r for r in plan.plan(run, gpus=4, gpu_memory=2**30)}
+    assert {s for s, _ in rows} == set(plan.STRATEGIES)
+    for strategy in plan.STRATEGIES:
+        off, on = rows[strategy, False], rows[strategy, True]
+        assert on.parts["activations"] < off.parts["activations"]
+        assert on.max_micro_batch > off.max_micro_batch > 4
+    ddp, fsdp = rows["ddp", False].parts, rows["fsdp", False].parts
+    assert fsdp["params"] == ddp["params"] // 4 and fsdp["optimizer"] == ddp["optimizer"] // 4
+    assert rows["zero3-offload", False].parts["optimizer"] == 0
+
+
+def test_cli_prints_the_table_and_refuses_a_bad_size_in_one_line(capsys):
+    recipe = str(REPO / "recipes" / "gpt-tiny.yaml")
+    assert main(["plan", recipe, *SMALL, "--gpus", "2", "--gpu-memory", "512MiB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "2 GPU(s) of 0 GiB" in out[0] or "2 GPU(s)" in out[0]
+    assert len(out) == 2 + 2 * len(plan.STRATEGIES) and out[2].split()[0] == "ddp"
+    assert main(["plan", recipe, "--gpu-memory", "lots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pretrain plan: error: --gpu-memory 'lots' is not a size") and "\n" not in err
+    assert plan.parse_bytes("80GiB") == plan.parse_bytes("80G") == 80 * 2**30
+
+
+def test_sharded_rows_against_a_two_rank_gloo_run(tmp_path):
+    """DDP and FSDP2 (the project's ``shard_model``) on 2 gloo ranks, real tensors: DDP's row (the single-device
+    trace + the reducer's bucket copy of the gradients) is within 15 % of the measured per-rank peak; FSDP's row
+    is below DDP's measured peak as sharding makes it, and within 25 % of its own measured peak (the
+    README states the gap: the row underestimates it)."""
+    import json
+
+    from training_utils import run_ranks
+
+    worker = REPO / "tests" / "plan_worker.py"
+    run_ranks(worker, str(REPO / "recipes" / "gpt-tiny.yaml"), str(tmp_path), *SMALL, log_dir=tmp_path)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        ddp, fsdp = result["ddp"], result["fsdp"]
+        assert ddp["estimate"] == pytest.approx(ddp["measured"], rel=0.15)
+        assert fsdp["measured"] < ddp["measured"] and fsdp["estimate"] < ddp["estimate"]
+        assert fsdp["estimate"] == pytest.approx(fsdp["measured"], rel=0.25)

@@ -1,0 +1,112 @@
+"""`pretrain prepare --executor` (datatrove): 2 local tasks and a 2-worker local Ray cluster give, document by
+document, the tokens and train/val split of single-process prepare, and the datamodule reads the shards as one
+source; a failed task leaves no shard a run could read, and the rerun redoes only that task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from training_utils import CORPUS, run_cli, tiny_recipe
+
+from datamodules.executors import prepare_in_tasks, task_groups
+from datamodules.indexed import IndexedDataset
+from datamodules.prepare import prepare, split_prefixes
+from datamodules.pretrain import PretrainDataModule
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Three files, ~300 KB: tasks split them 2 + 1."""
+    root = tmp_path_factory.mktemp("exec")
+    text = CORPUS.read_text()
+    files = []
+    for i, (lo, hi) in enumerate([(0, 120_000), (120_000, 240_000), (240_000, 300_000)]):
+        files.append(root / f"part{i}.txt")
+        files[-1].write_text(text[lo:hi])
+    return files
+
+
+def documents(directory, split: str) -> list[list[int]]:
+    return [d.tolist() for p in split_prefixes(directory, split) for d in IndexedDataset(p)]
+
+
+def assert_same_corpus(single, tasks) -> None:
+    for split in ("train", "val"):
+        assert documents(tasks, split) == documents(single, split)
+        joined = b"".join(Path(f"{p}.bin").read_bytes() for p in split_prefixes(tasks, split))
+        assert joined == (single / f"{split}.bin").read_bytes()
+    one, many = (json.loads((d / "meta.json").read_text()) for d in (single, tasks))
+    assert many["cache_key"] == one["cache_key"] and many["splits"] == one["splits"]
+
+
+def test_task_groups_are_contiguous_and_balanced():
+    assert task_groups([10, 10, 10, 10], 2) == [range(2), range(2, 4)]
+    assert task_groups([100, 1, 1], 2) == [range(1), range(1, 3)]
+    groups = task_groups([5, 1, 7, 3, 9], 3)  # contiguous, in order, covering every file once
+    assert len(groups) == 3 and [f for g in groups for f in g] == list(range(5))
+
+
+def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path, corpus, tiny_world):
+    tok = tiny_world["tokenizer"]
+    single = tmp_path / "single"
+    prepare(corpus, tok, single, val_fraction=0.2, seed=3, progress=False)
+
+    good = corpus[2].read_bytes()
+    broken = tmp_path / "in" / "part2.txt"  # task 1's file fails half-way (invalid UTF-8)
+    broken.parent.mkdir()
+    inputs = [*corpus[:2], broken]
+    broken.write_bytes(good[:30_000] + b"\n\xff\n" + good[30_000:])
+    out = tmp_path / "tasks"
+    with pytest.raises(ValueError, match=r"part2.txt:\d+: invalid UTF-8"):
+        prepare_in_tasks(inputs, tok, out, tasks=2, workers=1, val_fraction=0.2, seed=3)  # task 0, then 1
+    assert not out.exists()  # nothing a run could read
+    (staging,) = tmp_path.glob(".tasks.tasks-*")
+    assert sorted(p.name for p in staging.glob("*-0000*.*")) == [
+        "task-00000.json",
+        "train-00000.bin",
+        "train-00000.idx",
+        "val-00000.bin",
+        "val-00000.idx",
+    ]
+    done = (staging / "train-00000.bin").stat().st_ino
+
+    broken.write_bytes(good)  # fixed: the rerun redoes task 1 only
+    meta = prepare_in_tasks(inputs, tok, out, tasks=2, val_fraction=0.2, seed=3)
+    assert (out / "train-00000.bin").stat().st_ino == done  # task 0's shard, moved in, not rewritten
+    assert meta["shards"] == ["00000", "00001"] and not staging.exists()
+    single_here = tmp_path / "single-here"  # the same files at the same paths, single process
+    prepare(inputs, tok, single_here, val_fraction=0.2, seed=3, progress=False)
+    assert_same_corpus(single_here, out)
+    assert prepare_in_tasks(inputs, tok, out, tasks=2, val_fraction=0.2, seed=3)["cache_hit"]
+
+    # the datamodule reads the shards as one source: the same batches as from the single-process directory
+    class Causal:
+        def raw_length(self, n):
+            return n + 1
+
+        def __call__(self, tokens, generators):
+            return {"input_ids": tokens}
+
+    batches = []
+    for directory in (single_here, out):
+        dm = PretrainDataModule(directory, Causal(), seq_len=63, micro_batch_size=4, seed=5)
+        dm.setup("fit")
+        batches.append([b["input_ids"] for b, _ in zip(dm.train_dataloader(), range(6))])
+    assert all(np.array_equal(a, b) for a, b in zip(*batches, strict=True))
+
+
+@pytest.mark.slow
+def test_ray_cluster_of_two_workers_equals_single_process(tmp_path, corpus, tiny_world):
+    single = tmp_path / "single"
+    prepare(corpus, tiny_world["tokenizer"], single, val_fraction=0.1, progress=False)
+    data = {
+        "sources": [{"name": "c", "text": [str(f) for f in corpus], "prepared": str(tmp_path / "ray")}],
+        "val_fraction": 0.1,
+    }
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", data=data)
+    out = run_cli("prepare", str(recipe), "--executor", "ray", "--tasks", "2", "--workers", "2")
+    assert "prepared c ->" in out.stdout
+    assert_same_corpus(single, tmp_path / "ray")
