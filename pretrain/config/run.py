@@ -93,17 +93,38 @@ class DataConfig:
 
 
 @dataclass
-class OptimConfig:
-    """AdamW; the learning rate warms up linearly, then follows ``schedule`` down to ``min_lr_ratio * lr``."""
+class MuonConfig:
+    """``torch.optim.Muon`` settings for the hidden weight matrices when ``optim.name`` is ``muon``
+    (``pretrain.training.optim.param_groups`` lists the rule); the schedule scales this LR like AdamW's."""
 
+    lr: float = 0.02
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations
+    weight_decay: float = 0.0  # decoupled: W <- W (1 - lr wd)
+    adjust_lr: Literal["original", "match_rms_adamw"] = (
+        "original"  # lr * sqrt(max(1, out/in)) | 0.2 sqrt(max)
+    )
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (or Muon for hidden matrices + AdamW for the rest, ``name: muon``); the learning rate warms up
+    linearly, then follows ``schedule`` down to ``min_lr_ratio * lr``. ``lr``, ``betas``, ``eps`` and
+    ``weight_decay`` are AdamW's."""
+
+    name: Literal["adamw", "muon"] = "adamw"
+    muon: MuonConfig = field(default_factory=MuonConfig)
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     weight_decay: float = 0.1
-    schedule: Literal["cosine", "linear", "inverse_sqrt", "constant"] = "cosine"
+    # wsd: warmup, constant, then linear to the floor over the last ``cooldown_fraction`` of decay_steps
+    schedule: Literal["cosine", "linear", "inverse_sqrt", "constant", "wsd"] = "cosine"
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     decay_steps: int | None = None  # default: trainer.max_steps
+    cooldown_fraction: float = 0.2  # wsd only
 
 
 @dataclass
@@ -341,7 +362,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             problems.append(f"data.sources[{i}].{err}")
     _collect(problems, _check_sources, run.data.sources)
     _collect(problems, _check_schedule, run.data, run.trainer.max_steps)
-    problems += optim_problems(run.optim) + _guards_problems(run.guards)
+    problems += optim_problems(run.optim) + _muon_problems(run) + _guards_problems(run.guards)
     _collect(problems, _check_eval_during_fit, run.eval_during_fit)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
         problems.append(
@@ -488,8 +509,36 @@ def optim_problems(o: OptimConfig) -> list[str]:
         ),
         (o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}"),
         (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}"),
+        (0 < o.cooldown_fraction <= 1, f"optim.cooldown_fraction must be in (0, 1], got {o.cooldown_fraction}"),
     ]
     return [message for ok, message in checks if not ok]
+
+
+def _muon_problems(run: RunConfig) -> list[str]:
+    o = run.optim
+    if o.name != "muon":
+        return []
+    import torch
+
+    if not hasattr(torch.optim, "Muon"):
+        return [f"optim.name=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}"]
+    m, problems = o.muon, []
+    if not (m.lr > 0 and 0 <= m.momentum < 1 and 1 <= m.ns_steps < 100 and m.weight_decay >= 0):
+        problems.append(
+            f"optim.muon needs lr > 0, momentum in [0, 1), ns_steps in [1, 99], weight_decay >= 0; got lr={m.lr}, "
+            f"momentum={m.momentum}, ns_steps={m.ns_steps}, weight_decay={m.weight_decay}"
+        )
+    if run.strategy.name == "deepspeed":
+        problems.append(
+            "optim.name=muon is not supported with strategy deepspeed (ZeRO flattens and partitions parameters; "
+            "Newton-Schulz needs whole matrices); use strategy ddp or fsdp"
+        )
+    if run.model.parametrization == "mup" and m.adjust_lr != "original":
+        problems.append(
+            "optim.muon.adjust_lr=match_rms_adamw grows the update with width (0.2 sqrt(max(out, in))), which "
+            "breaks muP transfer; use adjust_lr=original with model.parametrization=mup"
+        )
+    return problems
 
 
 def _guards_problems(g: GuardsConfig) -> list[str]:

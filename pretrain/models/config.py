@@ -14,12 +14,13 @@ from typing import Any, ClassVar
 ARCHS = ("decoder", "encoder", "encoder-decoder")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "reglu")
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "reglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh", "reglu")
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "none")
 ATTN_SCALES = ("default", "none")
 INITS = ("gpt2", "t5", "bert")
 ATTENTIONS = ("sdpa", "flex")
+PARAMETRIZATIONS = ("standard", "mup")
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -84,10 +85,13 @@ class ModelConfig:
     norm_position: str = "pre"  # pre: x + f(norm(x)), final norm per stack | post: norm(x + f(x)) (BERT)
     embedding_norm: bool = False  # norm after summing the embeddings (BERT)
 
-    activation: str = "gelu_tanh"  # relu | gelu | gelu_tanh | swiglu | geglu | geglu_tanh | reglu
+    activation: str = (
+        "gelu_tanh"  # relu | relu2 (relu(x)^2, Primer) | gelu | gelu_tanh | swiglu | geglu | ...
+    )
     mlp_bias: bool = True
     attn_bias: bool = True
     attn_scale: str = "default"  # default: softmax(q k^T / sqrt(d_h)) | none: softmax(q k^T) (T5)
+    qk_norm: bool = False  # RMSNorm (learned gain, per head over d_h) on q and k before RoPE (OLMo 2, Qwen 3)
 
     position: str = "learned"  # learned | sinusoidal | rope | relative (T5 buckets) | none
     rope_theta: float = 10000.0
@@ -121,6 +125,15 @@ class ModelConfig:
 
     init: str = "gpt2"  # gpt2 (N(0, std), residual projections std/sqrt(2L)) | bert (N(0, std)) | t5 (fan-in)
     init_std: float = 0.02
+    zero_init_projections: bool = (
+        False  # attention output and MLP down projections start at 0 (modded-nanogpt)
+    )
+
+    # muP (Yang et al. 2022, "Tensor Programs V"; pretrain.models.mup): hidden init std / sqrt(m), attention
+    # softmax(q k^T / d_h), logits W h / m, Adam LR (and Muon's AdamW part) / m on hidden matrices, with the width
+    # multiplier m = d_model / mup_base_width; d_ff and n_head * d_h are assumed to scale with d_model.
+    parametrization: str = "standard"  # standard | mup
+    mup_base_width: int = 128  # d_model of the base model whose tuned hyper-parameters transfer
 
     pad_token_id: int | None = None
     eos_token_id: int | None = None
@@ -135,6 +148,7 @@ class ModelConfig:
         _choice("attn_scale", self.attn_scale, ATTN_SCALES)
         _choice("init", self.init, INITS)
         _choice("attention", self.attention, ATTENTIONS)
+        _choice("parametrization", self.parametrization, PARAMETRIZATIONS)
         for name in (
             "vocab_size",
             "d_model",
@@ -143,6 +157,7 @@ class ModelConfig:
             "max_seq_len",
             "relative_num_buckets",
             "relative_max_distance",
+            "mup_base_width",
         ):
             _positive(name, getattr(self, name))
 
@@ -251,6 +266,11 @@ class ModelConfig:
             or self.attention_global_token_ids
             or self.attention_random_blocks
         )
+
+    @property
+    def width_mult(self) -> float:
+        """muP width multiplier m = d_model / mup_base_width (1 under standard parametrization)."""
+        return self.d_model / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     @property
     def gated(self) -> bool:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from pretrain.models.config import ModelConfig
-from pretrain.models.transformer import Transformer
+from pretrain.models.transformer import Attention, Transformer
 
 Rule = tuple[str, tuple[str, ...], bool]  # (our key, HF keys concatenated on dim 0, transpose each HF tensor)
 
@@ -41,6 +41,8 @@ _UNCHECKED = {
     "eos_token_id",
     "decoder_start_token_id",
     "attention",  # the backend computes the same function
+    "zero_init_projections",  # an initialisation
+    "mup_base_width",  # only read under parametrization=mup, which to_hf folds away (standard_equivalent)
 }
 
 
@@ -67,7 +69,13 @@ def _lookup(table: dict[str, str], key: str, what: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------- GPT-2
-_GPT2_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_GPT2_ACT = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "relu2": "relu2",
+}
 
 
 def _gpt2_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
@@ -511,11 +519,46 @@ def from_hf(hf_model: Any) -> Transformer:
     return model.to(hf_model.dtype).train(hf_model.training)
 
 
+@torch.no_grad()
+def standard_equivalent(model: Transformer) -> Transformer:
+    """``model`` under standard parametrization, computing the same function: muP's multipliers folded into the
+    weights. Attention q k^T / d_h = (d_h^-1/2 q) k^T / sqrt(d_h): the query rows (or the q_norm gain) times
+    d_h^-1/2; logits W (h / m) = (W / m) h: the LM head times 1/m, untied from the embedding when it was tied.
+    Returns ``model`` itself under standard parametrization."""
+    cfg = model.config
+    if cfg.parametrization == "standard":
+        return model
+    m, tied = cfg.width_mult, cfg.tie_embeddings and cfg.lm_head
+    folded = Transformer(
+        dataclasses.replace(cfg, parametrization="standard", tie_embeddings=cfg.tie_embeddings and m == 1.0)
+    )
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    if tied and m != 1.0:
+        state["lm_head.weight"] = state["embed.tok.weight"].clone()
+    if cfg.lm_head:
+        state["lm_head.weight"] /= m
+    if cfg.attn_scale == "default":
+        q_rows = cfg.n_head * cfg.head_dim
+        for name, module in model.named_modules():
+            if isinstance(module, Attention):
+                keys = (
+                    [f"{name}.q_norm.weight"]
+                    if cfg.qk_norm
+                    else [f"{name}.{'q' if module.cross else 'qkv'}.{p}" for p in ("weight", "bias")]
+                )
+                for key in keys:
+                    if key in state:
+                        state[key][:q_rows] *= cfg.head_dim**-0.5
+    folded.load_state_dict(state, strict=True)
+    return folded.to(next(model.parameters()).dtype).train(model.training)
+
+
 def to_hf(model: Transformer) -> Any:
     """The equivalent transformers model (same weights, same outputs); ValueError if no supported HF class can
-    express ``model.config``."""
+    express ``model.config``. muP models export through :func:`standard_equivalent`."""
     import transformers
 
+    model = standard_equivalent(model)
     cfg = model.config
     family = _family_of(cfg)
     hf_config = family.hf_config(cfg, transformers)

@@ -34,8 +34,15 @@ from pretrain.models.attention import (
 )
 from pretrain.models.config import ModelConfig
 
+
+def relu_squared(x: Tensor) -> Tensor:
+    """relu(x)^2 (So et al. 2021, "Primer"; modded-nanogpt)."""
+    return F.relu(x).square()
+
+
 ACT_FNS = {
     "relu": F.relu,
+    "relu2": relu_squared,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "swiglu": F.silu,
@@ -277,7 +284,12 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attn_bias)
         self.out = nn.Linear(q_dim, config.d_model, bias=config.attn_bias)
+        # qk_norm: RMSNorm of every head's q and k over d_h (learned gain), before RoPE
+        self.q_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.scale = None if config.attn_scale == "default" else 1.0  # None: SDPA's 1/sqrt(d_h)
+        if config.attn_scale == "default" and config.parametrization == "mup":
+            self.scale = 1.0 / config.head_dim  # muP: q k^T / d_h (Tensor Programs V, sec. 6)
         self.dropout = config.attn_dropout
 
     def query_weight(self) -> Tensor:
@@ -299,14 +311,20 @@ class Attention(nn.Module):
         h, g, dh = self.n_head, self.n_kv_head, self.head_dim
         if self.cross:
             q = self.q(x).view(B, T, h, dh).transpose(1, 2)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
             if cache is not None and cache.cross_kv[layer] is not None:
                 k, v = cache.cross_kv[layer]
             else:
                 k, v = self.kv(memory).view(B, memory.shape[1], 2, g, dh).permute(2, 0, 3, 1, 4).unbind(0)
+                if self.k_norm is not None:
+                    k = self.k_norm(k)
                 if cache is not None:
                     cache.cross_kv[layer] = (k, v)
         else:
             q, k, v = self.qkv(x).view(B, T, h + 2 * g, dh).transpose(1, 2).split((h, g, g), dim=1)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
             if cache is not None:
@@ -504,12 +522,16 @@ class Transformer(nn.Module):
         """gpt2: every weight N(0, init_std), residual output projections N(0, init_std / sqrt(2 n_layer))
         (Radford et al. 2019); bert: every weight N(0, init_std); t5 (HF T5PreTrainedModel): linear weights
         N(0, fan_in^-1/2) with query rows further scaled by d_h^-1/2 (T5 does not scale attention logits),
-        embeddings and an untied LM head N(0, 1), relative bias N(0, d^-1/2). Biases 0, norms 1."""
+        embeddings and an untied LM head N(0, 1), relative bias N(0, d^-1/2). Biases 0, norms 1.
+        muP (gpt2 / bert): hidden linear weights (all but the LM head) std / sqrt(m), m = config.width_mult; t5's
+        fan-in init already scales so. ``zero_init_projections``: attention output and MLP down projections 0."""
         cfg = self.config
         t5 = cfg.init == "t5"
+        hidden_std = cfg.init_std / math.sqrt(cfg.width_mult)
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=module.in_features**-0.5 if t5 else cfg.init_std)
+                std = cfg.init_std if module is self.lm_head else hidden_std
+                nn.init.normal_(module.weight, std=module.in_features**-0.5 if t5 else std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -523,7 +545,9 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.embedding.weight, std=cfg.d_model**-0.5)
             elif cfg.init == "gpt2" and isinstance(module, (Attention, MLP)):
                 out = module.out if isinstance(module, Attention) else module.proj
-                nn.init.normal_(out.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(out.weight, std=hidden_std / math.sqrt(2 * cfg.n_layer))
+            if cfg.zero_init_projections and isinstance(module, (Attention, MLP)):
+                nn.init.zeros_((module.out if isinstance(module, Attention) else module.proj).weight)
         if t5 and self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, std=1.0)
 
@@ -623,11 +647,13 @@ class Transformer(nn.Module):
         )
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Final hidden states (..., d) -> logits (..., V)."""
+        """Final hidden states (..., d) -> logits (..., V); muP multiplies the LM head's input by 1 / m."""
         if self.config.logit_scale != 1.0:
             hidden = hidden * self.config.logit_scale
         if self.mlm_transform is not None:
             hidden = self.mlm_transform(hidden)
+        if self.config.width_mult != 1.0:
+            hidden = hidden / self.config.width_mult
         return self.lm_head(hidden)
 
     def _run(

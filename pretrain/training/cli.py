@@ -23,6 +23,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from omegaconf import OmegaConf
 
         print(OmegaConf.to_yaml(resolved), end="")
+        print("".join(f"# {line}\n" for line in optimizer_groups(run).splitlines()), end="")
         return 0
     from pretrain.errors import RankDied, peer_gone
     from pretrain.training.checkpoint.resume import check_resumable
@@ -62,6 +63,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
             print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
     return 0
+
+
+def optimizer_groups(run: RunConfig) -> str:
+    """The optimizer's parameter groups for ``run`` (shapes only: the model is built on the meta device)."""
+    import torch
+
+    from pretrain.models.transformer import Transformer
+    from pretrain.training.optim import build_optimizer, describe
+
+    with torch.device("meta"):
+        model = Transformer(run.model)
+    return describe(build_optimizer(model, run.optim, width_mult=run.model.width_mult))
 
 
 def _finished(run: RunConfig, ckpt: Path) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from datamodules.pretrain import PretrainDataModule
@@ -20,7 +21,7 @@ from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training import compile_compat, lightning_compat
 from pretrain.training.checkpoint.io import PAYLOAD
-from pretrain.training.optim import build_optimizer, build_scheduler
+from pretrain.training.optim import build_optimizer, build_scheduler, describe
 from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
 
@@ -231,7 +232,10 @@ class PretrainModule(L.LightningModule):
         # only fp16's loss scaler needs the gradients unscaled before clipping: bf16-mixed can use the fused AdamW
         # (configure_gradient_clipping clips without Lightning's AMP plugin, which refuses fused optimizers)
         amp = self.run.trainer.precision.startswith("16")
-        optimizer = build_optimizer(self.model, self.run.optim, cpu_offload=offload, amp=amp)
+        optimizer = build_optimizer(
+            self.model, self.run.optim, cpu_offload=offload, amp=amp, width_mult=self.run.model.width_mult
+        )
+        rank_zero_info(describe(optimizer))
         self.decayed_tensors = sum(len(g["params"]) for g in optimizer.param_groups if g["weight_decay"] > 0)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

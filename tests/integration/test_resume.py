@@ -3,6 +3,7 @@ a truncated newest checkpoint falls back to the previous one; the W&B run keeps 
 
 from __future__ import annotations
 
+import copy
 import random
 import signal
 
@@ -70,14 +71,21 @@ def check_wandb(run_dir, killed_at: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "accumulate"), [("gpt", 1), ("bert", 2), ("t5", 1)])
-def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, accumulate):  # noqa: F811
-    wandb = {"logger": {"wandb": {"enabled": True, "group": "g"}}} if kind == "gpt" else {}
-    full = resume_recipe(tmp_path / "full", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate})
-    reference = Background("fit", str(full), log=tmp_path / "full.log")  # runs alongside the killed one
-    killed = resume_recipe(
-        tmp_path / "killed", tiny_world, kind, trainer={"accumulate_grad_batches": accumulate}, **wandb
+@pytest.mark.parametrize(
+    ("kind", "accumulate", "optim"),
+    [("gpt", 1, "adamw"), ("bert", 2, "adamw"), ("t5", 1, "adamw"), ("gpt", 2, "muon")],
+)
+def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, accumulate, optim):  # noqa: F811
+    wandb = (
+        {"logger": {"wandb": {"enabled": True, "group": "g"}}} if (kind, optim) == ("gpt", "adamw") else {}
     )
+    sections = {
+        "trainer": {"accumulate_grad_batches": accumulate},
+        "optim": {"name": optim, "warmup_steps": 2},
+    }
+    full = resume_recipe(tmp_path / "full", tiny_world, kind, **copy.deepcopy(sections))
+    reference = Background("fit", str(full), log=tmp_path / "full.log")  # runs alongside the killed one
+    killed = resume_recipe(tmp_path / "killed", tiny_world, kind, **copy.deepcopy(sections), **wandb)
     step = fit_and_kill(
         killed, tmp_path / "killed" / "run", kill_at_step=random.Random(0).randint(2, MAX_STEPS - 3)
     )
