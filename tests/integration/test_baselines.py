@@ -66,12 +66,13 @@ def test_sgns_recipe_trains_evaluates_and_exports(corpus, variant):
         "baselines.dim=16",
         "baselines.eval.queries=[the,zzqx]",
     ]
-    results = run_recipe("recipes/sgns-tiny.yaml", small(corpus, "sgns", variant, *extra))
+    name = f"sgns-cbow-{variant.endswith('true')}"  # a run directory each: a second run there would resume
+    results = run_recipe("recipes/sgns-tiny.yaml", small(corpus, name, variant, *extra))
     assert math.isfinite(results["val/loss"]) and 0 <= results["val/accuracy"] <= 1
     assert results["unknown_queries"] == ["zzqx"] and len(results["neighbours"]["the"]) == 8
     vectors = WordVectors.load_word2vec(results["vectors"])
     assert len(vectors) == results["vocabulary"] > 50 and vectors.raw.shape[1] == 16
-    saved = json.loads((corpus / "sgns" / "results.json").read_text())
+    saved = json.loads((corpus / name / "results.json").read_text())
     assert saved["kind"] == "sgns" and saved["vocabulary"] == results["vocabulary"]
 
 
