@@ -169,6 +169,7 @@ def test_finetune_from_it(kinds, name, tmp_path, capsys):
                     "train_file": str(tmp_path / "train.tsv"),
                     "val_file": str(tmp_path / "dev.tsv"),
                     "micro_batch_size": 8,
+                    "max_length": 64,  # the tiny backbone's positions
                 },
                 "save": False,
                 "trainer": {
