@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
@@ -35,25 +34,6 @@ def wandb_mode(run: TrainingRun) -> str:
     )
 
 
-class ResumingWandbLogger(WandbLogger):
-    """``WandbLogger`` that waits for a killed launch's W&B service to let go of the run it continues: right after
-    a SIGKILL (preemption, a crashed rank) that service may still hold the run id for a few seconds, and
-    ``wandb.init(id=..., resume="allow")`` then fails with "run ID ... is in use"."""
-
-    release_seconds = 60.0
-
-    @property
-    def experiment(self) -> Any:
-        deadline = time.monotonic() + self.release_seconds
-        while True:
-            try:
-                return super().experiment
-            except Exception as err:  # wandb's ServerResponseError has no stable import path
-                if "is in use" not in str(err) or time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
-
-
 def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
     """W&B (offline by default; ``wandb_id`` continues a run), CSV and TensorBoard under ``run.run_dir``."""
     out = Path(run.run_dir)
@@ -63,7 +43,7 @@ def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | No
         mode = wandb_mode(run)
         os.environ["WANDB_MODE"] = mode  # no network and no account needed unless the user asks for it
         out.mkdir(parents=True, exist_ok=True)
-        logger = ResumingWandbLogger(
+        logger = WandbLogger(
             project=cfg.wandb.project,
             name=cfg.wandb.name or run.name,
             group=cfg.wandb.group,
