@@ -202,6 +202,10 @@ def fit_and_signal(
                 if step >= at_step:
                     (os.killpg if whole_group else os.kill)(proc.pid, signum)
                     status = proc.wait(max(1.0, deadline - time.monotonic()))
+                    if signum == signal.SIGKILL and whole_group:
+                        # a killed job loses every process it started (a scheduler kills the whole job); the W&B
+                        # service runs in its own session and would hold the run id the resume continues
+                        subprocess.run(["pkill", "-9", "-f", "wandb-core"], check=False)
                     return step, status, log_path.read_text()
                 time.sleep(0.02)
         finally:
