@@ -99,8 +99,10 @@ def cli_command(*args: str) -> list[str]:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """Environment of a CLI subprocess: 1 thread per process (deterministic, no oversubscription), no network."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
+    """Environment of a CLI subprocess: 1 thread per process (deterministic, no oversubscription), no network,
+    and its own W&B service (as from a fresh shell: not the one an in-process test of this session started)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    return {**inherited, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
 
 
 def run_cli(
@@ -204,8 +206,9 @@ def fit_and_signal(
                     status = proc.wait(max(1.0, deadline - time.monotonic()))
                     if signum == signal.SIGKILL and whole_group:
                         # a killed job loses every process it started (a scheduler kills the whole job); the W&B
-                        # service runs in its own session and would hold the run id the resume continues
-                        subprocess.run(["pkill", "-9", "-f", "wandb-core"], check=False)
+                        # service runs in its own session and would hold the run id the resume continues. Only
+                        # the service this run started (``--pid <its pid>``) goes: others belong to other tests.
+                        subprocess.run(["pkill", "-9", "-f", f"wandb-core.*--pid {proc.pid}( |$)"], check=False)
                     return step, status, log_path.read_text()
                 time.sleep(0.02)
         finally:
