@@ -1,7 +1,7 @@
 """Data-loader throughput vs the tiny GPT's training consumption, measured in the same run.
 
 The loader is ``PretrainDataModule`` over a synthetic prepared corpus (random ids, Megatron .bin/.idx) with the
-causal-LM objective (``objectives.build("clm")``) applied per sample in the collate; it is timed in tokens/s of
+causal-LM objective (``pretrain.objectives.build("clm")``) applied per sample in the collate; it is timed in tokens/s of
 model input for ``num_workers`` 0 and 2. The peer is one training step (forward, backward, AdamW) of the tiny
 GPT recipe's model (configs/model/gpt-tiny.yaml) on batches of the same shape. Target: loader >= 100x the
 model, so data loading never stalls training. Usage::
@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from pretrain.datamodules.indexed import IndexedWriter
+from pretrain.datamodules.pretrain import PretrainDataModule
+from pretrain.datamodules.special_tokens import all_special_tokens
 from tokenizers import Tokenizer, models
 
-import objectives
-from datamodules.indexed import IndexedWriter
-from datamodules.pretrain import PretrainDataModule
-from datamodules.special_tokens import all_special_tokens
+from pretrain import objectives
 
 REPO = Path(__file__).resolve().parents[1]
 

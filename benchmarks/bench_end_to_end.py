@@ -99,8 +99,8 @@ class Clock:
 # ---------------------------------------------------------------------------------------------- data
 def prepare_data(work: Path) -> None:
     """The gpt-tiny recipe's tokenizer and prepared split, built in ``work``."""
-    from datamodules.prepare import prepare
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.prepare import prepare
+    from pretrain.datamodules.tokenizer import train_bpe
 
     corpus = REPO / "recipes" / "data" / "tinyshakespeare.txt"
     train_bpe([corpus], VOCAB, work / "tokenizer.json", min_frequency=2, show_progress=False)
@@ -108,7 +108,7 @@ def prepare_data(work: Path) -> None:
 
 
 def token_array(work: Path, split: str) -> np.ndarray:
-    from datamodules.indexed import IndexedDataset
+    from pretrain.datamodules.indexed import IndexedDataset
 
     return np.asarray(IndexedDataset(work / "data" / split).tokens, dtype=np.int64)
 

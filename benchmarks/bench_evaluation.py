@@ -27,7 +27,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from datamodules.tokenizer import train_bpe
+from pretrain.datamodules.tokenizer import train_bpe
+
 from pretrain.evaluation.models import load_scorer
 from pretrain.evaluation.perplexity import loglikelihood_rolling
 from pretrain.models.config import ModelConfig

@@ -18,7 +18,8 @@ import os
 import time
 from pathlib import Path
 
-from datamodules.finetune import read_table
+from pretrain.datamodules.finetune import read_table
+
 from pretrain import cli
 from pretrain.finetuning.config import load_config
 from pretrain.finetuning.run import run

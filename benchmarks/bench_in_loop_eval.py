@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import yaml
+from pretrain.datamodules.prepare import prepare
+from pretrain.datamodules.tokenizer import train_bpe
 
-from datamodules.prepare import prepare
-from datamodules.tokenizer import train_bpe
 from pretrain.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]

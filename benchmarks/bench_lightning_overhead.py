@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from pretrain.datamodules.prepare import prepare
+from pretrain.datamodules.tokenizer import train_bpe
 
-from datamodules.prepare import prepare
-from datamodules.tokenizer import train_bpe
 from pretrain import config
 from pretrain.training.module import STEP_TARGETS
 from pretrain.training.optim import build_optimizer, build_scheduler

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, sentinel_token
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-import objectives
-from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, sentinel_token
+from pretrain import objectives
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "recipes" / "data" / "tinyshakespeare.txt"

@@ -3,7 +3,7 @@
 Three ways to turn one text corpus into token ids with one tokenizer, timed end to end (best of
 ``--repeats``, interleaved):
 
-* ``prepare``: ``datamodules.prepare.prepare`` from the file to train/val ``.bin/.idx`` (content hash,
+* ``prepare``: ``pretrain.datamodules.prepare.prepare`` from the file to train/val ``.bin/.idx`` (content hash,
   streaming read, ``encode_batch``, EOS, split, write).
 * ``run_clm``: the transformers example's recipe: ``datasets.load_dataset("text")``, ``Dataset.map`` of the
   fast tokenizer (batched), then ``group_texts`` into blocks of ``--block-size`` (fresh cache dir each time).
@@ -39,9 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from datamodules.corpus import batched, iter_documents, resolve_sources
-from datamodules.prepare import prepare
-from datamodules.tokenizer import load_tokenizer, save_tokenizer, train_bpe
+from pretrain.datamodules.corpus import batched, iter_documents, resolve_sources
+from pretrain.datamodules.prepare import prepare
+from pretrain.datamodules.tokenizer import load_tokenizer, save_tokenizer, train_bpe
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -70,7 +70,7 @@ class Timer:
     """Wall-clock seconds and CPU seconds of a ``with`` block: ``main`` (this process, all its threads),
     ``workers`` (its finished worker processes) and ``cpu`` (both)."""
 
-    def __enter__(self) -> Timer:  # noqa: PYI034 (py3.10 has no typing.Self)
+    def __enter__(self) -> Timer:
         self.wall, self.main, self.workers = time.perf_counter(), time.process_time(), children_cpu_seconds()
         return self
 
@@ -239,7 +239,7 @@ def write_jsonl_corpus(directory: Path, size_mb: float, files: int = 8) -> int:
     paragraphs = [p for p in source.read_text(encoding="utf-8").split("\n\n") if p.strip()]
     source.unlink()
     rng, written, target = random.Random(0), 0, size_mb * 1e6
-    outs = [open(directory / f"part-{i:02d}.jsonl", "w", encoding="utf-8") for i in range(files)]  # noqa: SIM115
+    outs = [open(directory / f"part-{i:02d}.jsonl", "w", encoding="utf-8") for i in range(files)]
     try:
         while written < target:
             rng.shuffle(paragraphs)
@@ -266,7 +266,7 @@ def one_growth_run(method: str, corpus_dir: str, tokenizer_path: str, n: str) ->
         meta = prepare(files, tokenizer_path, out / "p", val_fraction=0.01, progress=False, num_workers=n)
         tokens = sum(x["tokens"] for x in meta["splits"].values())
     elif method == "executor":
-        from datamodules.executors import prepare_in_tasks
+        from pretrain.datamodules.executors import prepare_in_tasks
 
         # fork: the task processes are this process's children, so their CPU time is counted (not a forkserver's)
         meta = prepare_in_tasks(

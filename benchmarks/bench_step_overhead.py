@@ -80,8 +80,8 @@ def child_clock(command: list[str], env: dict[str, str]) -> tuple[float, float]:
 def plain_startup(work: Path) -> None:
     """The plain peer's process: build the model and data as a hand-written script would, 1 step, 20 eval batches."""
     import torch
+    from pretrain.datamodules.tokenizer import load_tokenizer
 
-    from datamodules.tokenizer import load_tokenizer
     from pretrain import config
     from pretrain.models.transformer import Transformer
     from pretrain.training.optim import build_optimizer
@@ -251,8 +251,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.plain_startup:
         return plain_startup(args.plain_startup)
-    from datamodules.prepare import prepare
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.prepare import prepare
+    from pretrain.datamodules.tokenizer import train_bpe
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -1,7 +1,7 @@
 """LSTM vs transformer language models on the same corpus, tokenizer, objective, optimizer, token budget and size.
 
 Both models see exactly the same batches: the train stream (a byte-level BPE trained on the training text, prepared
-by ``datamodules.prepare``) cut into B contiguous streams, T + 1 tokens per step and stream, through the ``clm``
+by ``pretrain.datamodules.prepare``) cut into B contiguous streams, T + 1 tokens per step and stream, through the ``clm``
 objective (``pretrain.baselines.lstm_lm.StreamDataModule``), trained by the same Lightning Trainer with AdamW, warmup +
 cosine and gradient clipping. The transformer (GPT-2 layout, learned positions, tied embeddings) reads every
 window alone; the LSTM (2 layers, tied embeddings, width from ``pretrain.models.rnn.matched_width`` so its parameter
@@ -36,10 +36,10 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from pretrain.datamodules.prepare import prepare
+from pretrain.datamodules.tokenizer import train_bpe
 
-import objectives
-from datamodules.prepare import prepare
-from datamodules.tokenizer import train_bpe
+from pretrain import objectives
 from pretrain.baselines.data import split_tokens
 from pretrain.baselines.lstm_lm import LanguageModelModule, StreamDataModule, stream_perplexity
 from pretrain.config import OptimConfig

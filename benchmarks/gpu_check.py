@@ -322,7 +322,9 @@ def leg_plan(work: Path, profile: dict, strategy: str) -> dict:
                  f"trainer.max_steps={n}", "trainer.compile=false", "checkpoint.save_top_k=0",
                  f"checkpoint.every_n_steps={10 * n}", "guards.nonfinite.enabled=false"]  # fmt: skip
     run, resolved = config.load(work / "recipe.yaml", overrides)
-    estimate = plan.per_gpu(plan.trace(run, run.data.micro_batch_size, False), strategy, profile["devices"], run)
+    estimate = plan.per_gpu(
+        plan.trace(run, run.data.micro_batch_size, False), strategy, profile["devices"], run
+    )
 
     class Peak(Callback):
         value = 0
@@ -493,7 +495,7 @@ def main() -> int:
         profile = {**profile, "devices": 1 if args.cpu else torch.cuda.device_count(), "cpu": args.cpu}
         try:
             result = {"status": "PASS", **run_leg(args.leg, work, profile, work / f"{args.leg}.log")}
-        except Exception as err:  # noqa: BLE001 -- reported in the table, never raised past the leg
+        except Exception as err:
             traceback.print_exc()
             result = {"status": "FAIL", "error": f"{type(err).__name__}: {err}"}
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # ranks Lightning started run the leg too

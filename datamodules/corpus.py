@@ -53,7 +53,7 @@ class InvalidUTF8Error(ValueError):
         self.location, self.detail = location, detail
         super().__init__(self.with_fix("on_invalid_utf8"))
 
-    def __reduce__(self):  # picklable (a task of ``datamodules.executors`` sends it to the launcher)
+    def __reduce__(self):  # picklable (a task of ``pretrain.datamodules.executors`` sends it to the launcher)
         return type(self), (self.location, self.detail)
 
     def with_fix(self, key: str) -> str:
@@ -349,9 +349,7 @@ def _record_text(record: object, text_field: str, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ValueError(  # noqa: TRY004 (bad input is a ValueError project-wide)
-            f"{where}: field {text_field!r} is {type(value).__name__}, expected a string"
-        )
+        raise ValueError(f"{where}: field {text_field!r} is {type(value).__name__}, expected a string")
     return value
 
 

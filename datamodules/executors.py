@@ -2,7 +2,7 @@
 
 The inputs (files, in stream order) are cut into ``tasks`` contiguous groups of about equal bytes. Task ``r``
 tokenizes its group exactly as ``prepare`` does (same documents, same ``(file, document)`` validation key,
-``datamodules.prepare``) into ``train-r``/``val-r`` shards in a staging directory next to ``out_dir``: it writes
+``pretrain.datamodules.prepare``) into ``train-r``/``val-r`` shards in a staging directory next to ``out_dir``: it writes
 them under temporary names, renames them, then writes its manifest ``task-r.json`` (counts, the content hashes
 of its files) -- so a crashed task leaves no shard under a final name, and a shard without a manifest is never
 used. datatrove marks the task complete (``logs/completions``); a rerun skips complete tasks whose files are
@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from datatrove.pipeline.base import PipelineStep
-
-from datamodules.corpus import CorpusStats, InvalidUTF8Error, Source
-from datamodules.prepare import (
+from pretrain.datamodules.corpus import CorpusStats, InvalidUTF8Error, Source
+from pretrain.datamodules.prepare import (
     META_FILE,
     SPLITS,
     Plan,
@@ -42,7 +41,7 @@ from datamodules.prepare import (
     previous_meta,
     reuse_or_clear,
 )
-from datamodules.storage import atomic_write_text, exclusive, replace_path
+from pretrain.datamodules.storage import atomic_write_text, exclusive, replace_path
 
 EXECUTORS = ("local", "slurm", "ray")
 
@@ -82,9 +81,8 @@ class TokenizeTask(PipelineStep):
         self.sources, self.groups, self.build_args = sources, groups, build_args
 
     def run(self, data: Any, rank: int = 0, world_size: int = 1) -> Any:
+        from pretrain.datamodules.prepare import build_shard
         from tokenizers import Tokenizer
-
-        from datamodules.prepare import build_shard
 
         staging = Path(self.staging)
         files = self.groups[rank]
@@ -101,7 +99,7 @@ class TokenizeTask(PipelineStep):
         partial.mkdir()
         try:
             if task_plan is None:  # more tasks than files: empty shards keep the numbering simple
-                from datamodules.indexed import IndexedWriter
+                from pretrain.datamodules.indexed import IndexedWriter
 
                 for split in SPLITS:
                     with IndexedWriter(partial / f"{split}{suffix}", self.build_args["dtype"]):

@@ -9,7 +9,7 @@ Encoding follows BERT: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with ``tok
 segment and 1 for the second, truncated longest-first to ``max_length`` (what ``transformers`` tokenizers do
 with ``truncation=True``). The template is a ``tokenizers`` ``TemplateProcessing`` string (``$A``, ``$B``,
 special tokens by name, ``:1`` sets the type id); by default ``{cls} $A {sep}`` / ``{cls} $A {sep} $B:1
-{sep}:1`` with the tokenizer's cls/sep tokens (roles of ``datamodules.special_tokens``). Batches are padded
+{sep}:1`` with the tokenizer's cls/sep tokens (roles of ``pretrain.datamodules.special_tokens``). Batches are padded
 to their longest row: ``input_ids``, ``attention_mask``, ``token_type_ids`` ``(B, T)`` and ``labels``
 ``(B,)`` (class ids as int64, or float32 scores for regression).
 """
@@ -26,12 +26,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from pretrain.datamodules.special_tokens import special_token_id
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
-
-from datamodules.special_tokens import special_token_id
 
 
 @dataclass(frozen=True)
@@ -215,7 +214,7 @@ class ShardedExamplesDataModule(L.LightningDataModule):
     of W ranks with micro-batch b holds the examples of batch t of one rank with batch W b. Evaluation: file
     order, each example once (``ShardSampler``; batches carry ``real``). The state saved in checkpoints is
     ``(seed, epoch, batches)``: the training batches the loop has received in the epoch, counted in
-    ``on_after_batch_transfer`` (as ``datamodules.pretrain.PretrainDataModule`` does). Subclasses set
+    ``on_after_batch_transfer`` (as ``pretrain.datamodules.pretrain.PretrainDataModule`` does). Subclasses set
     ``micro_batch_size``, ``num_workers``, ``seed``. Use with ``Trainer(use_distributed_sampler=False)``."""
 
     def __init__(self) -> None:
@@ -287,7 +286,7 @@ class FinetuneDataModule(ShardedExamplesDataModule):
     """Sentence(-pair) classification / regression batches from TSV or JSONL files.
 
     Args:
-        tokenizer: a ``tokenizers.Tokenizer`` or a path for ``datamodules.tokenizer.load_tokenizer``.
+        tokenizer: a ``tokenizers.Tokenizer`` or a path for ``pretrain.datamodules.tokenizer.load_tokenizer``.
         train_file, val_file: labelled files; labels of ``val_file`` must occur in ``train_file``.
         task: GLUE task name for the column defaults (``GLUE_TASKS``); ``text_columns``, ``label_column``,
             ``regression`` and ``header`` override them (and are required without a task).
@@ -333,7 +332,7 @@ class FinetuneDataModule(ShardedExamplesDataModule):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if isinstance(tokenizer, (str, os.PathLike)):
-            from datamodules.tokenizer import load_tokenizer
+            from pretrain.datamodules.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
         pair = len(self.format.text_columns) == 2

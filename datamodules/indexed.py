@@ -69,8 +69,8 @@ class IndexedWriter:
             )
         self.bin_path, self.idx_path = _paths(prefix)
         self._len_path = Path(str(prefix) + ".len.tmp")
-        self._bin = open(self.bin_path, "wb")  # noqa: SIM115 (closed by finalize/abort)
-        self._lens = open(self._len_path, "wb")  # noqa: SIM115
+        self._bin = open(self.bin_path, "wb")
+        self._lens = open(self._len_path, "wb")
         self.num_documents = 0
         self.num_tokens = 0
 
@@ -120,7 +120,7 @@ class IndexedWriter:
         for p in (self.bin_path, self.idx_path, self._len_path):
             p.unlink(missing_ok=True)
 
-    def __enter__(self) -> IndexedWriter:  # noqa: PYI034 (py3.10 has no typing.Self)
+    def __enter__(self) -> IndexedWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -143,7 +143,7 @@ class IndexedDataset:
         for p in (self.bin_path, self.idx_path):
             if not p.is_file():
                 raise FileNotFoundError(
-                    f"{p} not found; write it with `pretrain prepare` (datamodules.prepare)"
+                    f"{p} not found; write it with `pretrain prepare` (pretrain.datamodules.prepare)"
                 )
         with open(self.idx_path, "rb") as f:
             head = f.read(_HEADER.size)

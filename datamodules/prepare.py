@@ -1,6 +1,6 @@
 """Corpus preparation: raw text -> token shards (``train``/``val`` in Megatron ``.bin/.idx`` layout).
 
-``prepare`` streams documents (``datamodules.corpus``), tokenizes them in batches with ``encode_batch``,
+``prepare`` streams documents (``pretrain.datamodules.corpus``), tokenizes them in batches with ``encode_batch``,
 appends EOS to each document and appends the tokens to the split's ``.bin`` as it goes, so peak memory is a
 few batches whatever the corpus size. A document longer than ``piece_chars`` characters is encoded in pieces
 cut at single spaces between non-space characters, where the byte-level BPE's pre-tokenizer splits anyway,
@@ -13,7 +13,7 @@ Validation split. The position of a document in the input stream is ``(f, i)``: 
 file among the resolved inputs and its ordinal ``i`` among that file's non-blank documents. It goes to ``val``
 iff ``u(f, i) < val_fraction`` with ``u = splitmix64(i + splitmix64(seed ^ f * 0x9E37...)) / 2**64``:
 deterministic, independent of batching, stable when documents or files are appended, and computable by a
-task that reads only some files (``datamodules.executors``), so every task count gives the same split.
+task that reads only some files (``pretrain.datamodules.executors``), so every task count gives the same split.
 
 ``dedup="exact"`` drops a document whose text (BLAKE2b-128 of its UTF-8) equals an earlier one's in stream
 order; a dropped document keeps its position, so the others' split does not change.
@@ -45,10 +45,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from tokenizers import Tokenizer
-from tqdm.auto import tqdm
-
-from datamodules.corpus import (
+from pretrain.datamodules.corpus import (
     INVALID_UTF8_POLICIES,
     CorpusStats,
     Source,
@@ -56,10 +53,12 @@ from datamodules.corpus import (
     iter_documents,
     resolve_sources,
 )
-from datamodules.hashing import splitmix64
-from datamodules.indexed import IndexedWriter, token_dtype
-from datamodules.storage import atomic_write_text, exclusive, naming, replace_path
-from datamodules.tokenizer import load_tokenizer, resolve_eos
+from pretrain.datamodules.hashing import splitmix64
+from pretrain.datamodules.indexed import IndexedWriter, token_dtype
+from pretrain.datamodules.storage import atomic_write_text, exclusive, naming, replace_path
+from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
+from tokenizers import Tokenizer
+from tqdm.auto import tqdm
 
 FORMAT_VERSION = 2  # 2: the validation split is keyed by (file, document in file)
 SPLITS = ("train", "val")
@@ -233,7 +232,7 @@ def read_meta(prepared_dir: str | os.PathLike) -> dict:
 
 def split_prefixes(prepared_dir: str | os.PathLike, split: str) -> list[Path]:
     """The ``.bin/.idx`` prefixes of ``split``, in stream order: one (``train``), or a task's each
-    (``train-00000``, ...) for a corpus prepared by ``datamodules.executors``."""
+    (``train-00000``, ...) for a corpus prepared by ``pretrain.datamodules.executors``."""
     directory = Path(prepared_dir)
     shards = read_meta(directory).get("shards") if (directory / META_FILE).is_file() else None
     return [directory / f"{split}-{s}" for s in shards] if shards else [directory / split]
@@ -341,7 +340,7 @@ def plan(
 ) -> Plan:
     """Check the arguments (one ``ValueError`` naming the fix) and compute the build's ``Plan``; ``previous`` is
     an existing ``meta.json`` whose input hashes may be reused (see ``_input_info``). Without ``hash_inputs``
-    (the tasks of ``datamodules.executors`` hash their own files) unknown hashes stay None."""
+    (the tasks of ``pretrain.datamodules.executors`` hash their own files) unknown hashes stay None."""
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
     document_mode(document)  # ValueError naming the conventions
@@ -583,7 +582,7 @@ def prepare(
 
     ``tokenizer``: a path for ``load_tokenizer`` or a ``tokenizers.Tokenizer``. ``eos_token``: appended to
     every document; default ``</s>``, else ``<|endoftext|>``. ``document``/``text_field``/``split``/
-    ``on_invalid_utf8``: how documents are read (``datamodules.corpus``). ``dedup``: ``"exact"`` drops repeated
+    ``on_invalid_utf8``: how documents are read (``pretrain.datamodules.corpus``). ``dedup``: ``"exact"`` drops repeated
     documents. ``batch_docs``/``batch_chars`` bound one tokenization batch, ``piece_chars`` one piece of a long
     document, hence peak memory. ``num_workers``: tokenizing processes (0: this process, with the encoder's
     threads); the output does not depend on it. ``force`` rebuilds even when the cache is valid.

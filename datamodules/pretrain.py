@@ -2,7 +2,7 @@
 
 Per sample the datamodule reads ``objective.raw_length(seq_len)`` raw tokens (``seq_len + 1`` for causal LM,
 the longer raw span for T5 span corruption) from the prepared ``train`` split of each directory
-(``datamodules.dataset``), and the collate function applies the objective. The objective's randomness for a
+(``pretrain.datamodules.dataset``), and the collate function applies the objective. The objective's randomness for a
 sample comes from its own generator seeded by a hash of ``(seed, split, epoch, position)``, so batches do not
 depend on ``num_workers``. Validation reads the directories' ``val`` splits in fixed order (no shuffle),
 blended with the same weights.
@@ -34,14 +34,19 @@ from typing import Any, Protocol
 import lightning as L
 import numpy as np
 import torch
+from pretrain.datamodules.dataset import (
+    BlendedDataset,
+    PackedDataset,
+    ResumableSampler,
+    Sample,
+    ShardedSampler,
+)
+from pretrain.datamodules.hashing import splitmix64
+from pretrain.datamodules.indexed import IndexedDataset
+from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader
-
-from datamodules.dataset import BlendedDataset, PackedDataset, ResumableSampler, Sample, ShardedSampler
-from datamodules.hashing import splitmix64
-from datamodules.indexed import IndexedDataset
-from datamodules.schedule import MixtureSchedule, ScheduledBlend
 
 TRAIN, VAL = "train", "val"
 _STREAM_ID = {TRAIN: 0, VAL: 1}
@@ -110,7 +115,7 @@ class PretrainDataModule(L.LightningDataModule):
         tokenizer: optional ``tokenizers.Tokenizer`` or path; each dir's ``meta.json`` must record it
             (same vocab size and, when recorded, the same tokenizer.json hash), else ValueError.
         schedule: a ``MixtureSchedule`` over the directories (in order): the training mix then changes with the
-            optimizer step (``datamodules.schedule``) and ``weights`` only blend validation.
+            optimizer step (``pretrain.datamodules.schedule``) and ``weights`` only blend validation.
         names: the sources' names, for ``tokens_per_source`` (default: the directory names).
     """
 
@@ -146,7 +151,7 @@ class PretrainDataModule(L.LightningDataModule):
             if not path.is_dir():
                 raise FileNotFoundError(
                     f"prepared data directory {path} does not exist; create it with "
-                    f"`pretrain prepare` (datamodules.prepare) from your raw text first"
+                    f"`pretrain prepare` (pretrain.datamodules.prepare) from your raw text first"
                 )
         if weights is not None and len(weights) != len(self.data_dirs):
             raise ValueError(
@@ -162,7 +167,9 @@ class PretrainDataModule(L.LightningDataModule):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if not (callable(objective) and hasattr(objective, "raw_length")):
-            raise ValueError("objective must be callable and have raw_length(seq_len) (see objectives.build)")
+            raise ValueError(
+                "objective must be callable and have raw_length(seq_len) (see pretrain.objectives.build)"
+            )
         self.objective, self.seq_len, self.micro_batch_size = objective, seq_len, micro_batch_size
         self.weights, self.num_workers, self.seed = weights, num_workers, seed
         self.val_batches, self.samples_per_epoch = val_batches, samples_per_epoch
@@ -184,7 +191,7 @@ class PretrainDataModule(L.LightningDataModule):
     def _check_tokenizer(self, tokenizer: Tokenizer | str | os.PathLike) -> None:
         """The prepared token ids must come from ``tokenizer`` (``meta.json`` of ``pretrain prepare``)."""
         if not isinstance(tokenizer, Tokenizer):
-            from datamodules.tokenizer import load_tokenizer
+            from pretrain.datamodules.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
         vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -223,7 +230,7 @@ class PretrainDataModule(L.LightningDataModule):
     # --- datasets -------------------------------------------------------------------------------------
     def _corpora(self, split: str) -> list[PackedDataset]:
         """One packed corpus per directory; a directory prepared in tasks is its shards' concatenation."""
-        from datamodules.prepare import split_prefixes
+        from pretrain.datamodules.prepare import split_prefixes
 
         return [
             PackedDataset(

@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from datamodules.dataset import BlendedDataset, PackedDataset, Sample
+from pretrain.datamodules.dataset import BlendedDataset, PackedDataset, Sample
 
 INTERPOLATIONS = ("constant", "linear")
 _CHUNK = 4096  # steps of the cumulative table computed at a time

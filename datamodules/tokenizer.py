@@ -22,11 +22,10 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from pretrain.datamodules.corpus import batched, iter_documents, resolve_sources
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, special_token_id
+from pretrain.datamodules.storage import atomic_write_text
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from datamodules.corpus import batched, iter_documents, resolve_sources
-from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, special_token_id
-from datamodules.storage import atomic_write_text
 
 NUM_BYTES = 256
 _GPT2_SPECIAL = re.compile(r"^<\|[a-z_]+\|>$")  # GPT-2 style specials in a vocab.json: <|endoftext|>
@@ -68,7 +67,7 @@ def train_bpe(
     show_progress: bool = True,
 ) -> Tokenizer:
     """Train a byte-level BPE of ``vocab_size`` tokens (special tokens and 256 bytes included) on ``inputs``
-    (text/JSONL/Parquet files, directories, globs or ``datasets`` names; see ``datamodules.corpus``).
+    (text/JSONL/Parquet files, directories, globs or ``datasets`` names; see ``pretrain.datamodules.corpus``).
 
     ``special_tokens`` defaults to ``all_special_tokens()``; they get ids 0.. in the order given. Writes
     ``out_path`` (a ``tokenizer.json`` file, or a directory to hold one) when given.

@@ -1,8 +1,8 @@
-"""Pretraining objectives: pure, seeded functions of a packed batch of token ids (see ``objectives.base``).
+"""Pretraining objectives: pure, seeded functions of a packed batch of token ids (see ``pretrain.objectives.base``).
 
 ``build(name, tokenizer, **options)`` returns one by name: ``clm`` (GPT), ``mlm`` (BERT/RoBERTa),
 ``span_corruption`` (T5), ``prefix_lm``, ``ul2`` (UL2 mixture of denoisers), ``sgns`` (word2vec skip-gram /
-CBOW with negative sampling). GloVe (``objectives.glove.GloVe``) fits a co-occurrence matrix, not token batches,
+CBOW with negative sampling). GloVe (``pretrain.objectives.glove.GloVe``) fits a co-occurrence matrix, not token batches,
 so it is not built by name.
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import inspect
 
-from objectives.base import Objective
-from objectives.clm import CausalLM
-from objectives.glove import GloVe
-from objectives.loss import IGNORE_INDEX, token_cross_entropy
-from objectives.mlm import MaskedLM
-from objectives.prefix_lm import PrefixLM
-from objectives.sgns import SkipGram
-from objectives.span_corruption import SpanCorruption
-from objectives.ul2 import UL2
+from pretrain.objectives.base import Objective
+from pretrain.objectives.clm import CausalLM
+from pretrain.objectives.glove import GloVe
+from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
+from pretrain.objectives.mlm import MaskedLM
+from pretrain.objectives.prefix_lm import PrefixLM
+from pretrain.objectives.sgns import SkipGram
+from pretrain.objectives.span_corruption import SpanCorruption
+from pretrain.objectives.ul2 import UL2
 
 OBJECTIVES: dict[str, type[Objective]] = {
     cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, PrefixLM, UL2, SkipGram)

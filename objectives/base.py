@@ -18,9 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import torch
-from torch import Tensor
-
-from datamodules.special_tokens import (
+from pretrain.datamodules.special_tokens import (
     DEFAULT_SPECIAL_TOKENS,
     NUM_SENTINELS,
     UL2_MODE_TOKENS,
@@ -28,7 +26,8 @@ from datamodules.special_tokens import (
     sentinel_token,
     special_token_id,
 )
-from objectives.loss import IGNORE_INDEX, token_cross_entropy
+from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
+from torch import Tensor
 
 ARCHITECTURES = frozenset({"decoder", "encoder", "encoder-decoder"})
 Generators = torch.Generator | Sequence[torch.Generator]

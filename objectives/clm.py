@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from pretrain.objectives.base import Objective
 from torch import Tensor
-
-from objectives.base import Objective
 
 
 def document_positions(input_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:

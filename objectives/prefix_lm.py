@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from pretrain.objectives.base import Objective, rand_rows, shift_right
+from pretrain.objectives.loss import IGNORE_INDEX
 from torch import Tensor
-
-from objectives.base import Objective, rand_rows, shift_right
-from objectives.loss import IGNORE_INDEX
 
 
 def uniform_split(generators: list[torch.Generator], low: int, high: int) -> Tensor:

@@ -27,10 +27,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pretrain.objectives.base import Objective, special_id_table
+from pretrain.objectives.loss import token_cross_entropy
 from torch import Tensor
-
-from objectives.base import Objective, special_id_table
-from objectives.loss import token_cross_entropy
 
 
 def check_counts(**values: int) -> None:
@@ -129,7 +128,7 @@ class SkipGram(Objective):
         if counts.dim() != 1 or counts.numel() != vocab_size:
             raise ValueError(
                 f"counts must be one count per token id, shape ({vocab_size},), got {tuple(counts.shape)}; "
-                "use objectives.sgns.token_counts(train_tokens, vocab_size)"
+                "use pretrain.objectives.sgns.token_counts(train_tokens, vocab_size)"
             )
         self.window, self.negatives, self.subsample = window, negatives, float(subsample)
         self.cbow, self.full_softmax = bool(cbow), bool(full_softmax)

@@ -18,10 +18,9 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
+from pretrain.datamodules.special_tokens import sentinel_ids, sentinel_token
+from pretrain.objectives.base import Objective, count_sentinels, rand_rows, shift_right
 from torch import Tensor
-
-from datamodules.special_tokens import sentinel_ids, sentinel_token
-from objectives.base import Objective, count_sentinels, rand_rows, shift_right
 
 
 def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:

@@ -18,19 +18,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from torch import Tensor
-
-from datamodules.special_tokens import UL2_MODE_TOKENS, sentinel_ids, sentinel_token
-from objectives.base import Objective, count_sentinels, rand_rows
-from objectives.loss import IGNORE_INDEX
-from objectives.prefix_lm import encoder_decoder_batch, split_prefix, uniform_split
-from objectives.span_corruption import (
+from pretrain.datamodules.special_tokens import UL2_MODE_TOKENS, sentinel_ids, sentinel_token
+from pretrain.objectives.base import Objective, count_sentinels, rand_rows
+from pretrain.objectives.loss import IGNORE_INDEX
+from pretrain.objectives.prefix_lm import encoder_decoder_batch, split_prefix, uniform_split
+from pretrain.objectives.span_corruption import (
     check_span_options,
     corrupt_spans,
     encoded_lengths,
     random_spans_noise_mask,
     span_counts,
 )
+from torch import Tensor
 
 DEFAULT_DENOISERS: tuple[dict, ...] = (
     {"mode": "R", "mean_noise_span_length": 3.0, "noise_density": 0.15},
@@ -112,7 +111,7 @@ class UL2(Objective):
         if token_id is None:
             raise ValueError(
                 f"the tokenizer has no UL2 mode token {token!r} ({mode} denoiser); train the tokenizer with "
-                "all special tokens (datamodules.special_tokens.all_special_tokens)"
+                "all special tokens (pretrain.datamodules.special_tokens.all_special_tokens)"
             )
         self.required_tokens += (token,)
         return token_id

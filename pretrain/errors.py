@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from datamodules.storage import STORAGE_ERRNOS
+from pretrain.datamodules.storage import STORAGE_ERRNOS
 
 # what to lower, per verb, when memory runs out
 MEMORY_FIX = {

@@ -64,8 +64,8 @@ $PYTHON - "$REPO" <<'PY'
 import subprocess, sys, time
 from pathlib import Path
 
-from datamodules.executors import prepare_in_tasks
-from datamodules.prepare import prepare, split_prefixes
+from pretrain.datamodules.executors import prepare_in_tasks
+from pretrain.datamodules.prepare import prepare, split_prefixes
 
 text = (Path(sys.argv[1]) / "recipes/data/tinyshakespeare.txt").read_text()
 parts = [Path(f"part{i}.txt") for i in range(2)]

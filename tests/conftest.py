@@ -37,8 +37,8 @@ def shipped_corpus() -> Path:
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory) -> dict[str, Path]:
     """``{"tokenizer": tokenizer.json, "data": prepared dir, "corpus": text}`` from 200 kB of the shipped corpus."""
-    from datamodules.prepare import prepare
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.prepare import prepare
+    from pretrain.datamodules.tokenizer import train_bpe
 
     root = tmp_path_factory.mktemp("tiny_world")
     corpus = root / "corpus.txt"

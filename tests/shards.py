@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from datamodules.indexed import IndexedWriter
+from pretrain.datamodules.indexed import IndexedWriter
 
 
 def write_shard(prefix, docs, dtype) -> None:

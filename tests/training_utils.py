@@ -208,7 +208,9 @@ def fit_and_signal(
                         # a killed job loses every process it started (a scheduler kills the whole job); the W&B
                         # service runs in its own session and would hold the run id the resume continues. Only
                         # the service this run started (``--pid <its pid>``) goes: others belong to other tests.
-                        subprocess.run(["pkill", "-9", "-f", f"wandb-core.*--pid {proc.pid}( |$)"], check=False)
+                        subprocess.run(
+                            ["pkill", "-9", "-f", f"wandb-core.*--pid {proc.pid}( |$)"], check=False
+                        )
                     return step, status, log_path.read_text()
                 time.sleep(0.02)
         finally:

@@ -6,8 +6,8 @@ A baseline recipe composes like a pretraining recipe (``pretrain.config.compose`
 (tokenizer, data, objective, optim, trainer, strategy, logger, checkpoint; ``model`` is unused). Its own section
 ``baselines`` (pieces in ``configs/baselines/``) names the ``kind`` and holds its options:
 
-    sgns     skip-gram / CBOW (``objectives.sgns``) on the prepared corpus through ``PretrainDataModule``
-    glove    GloVe (``objectives.glove``) on the co-occurrence matrix of the prepared train split
+    sgns     skip-gram / CBOW (``pretrain.objectives.sgns``) on the prepared corpus through ``PretrainDataModule``
+    glove    GloVe (``pretrain.objectives.glove``) on the co-occurrence matrix of the prepared train split
     rnn_lm   LSTM/GRU language model (``pretrain.models.rnn``) trained with the ``clm`` objective by truncated BPTT:
              the train stream is cut into B parallel streams and batch i+1 continues batch i row by row, the
              hidden state carried (detached) between batches and reset every epoch and every validation

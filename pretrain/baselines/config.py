@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from objectives.sgns import check_counts
 from pretrain import config
 from pretrain.config import RunConfig, SourceConfig
 from pretrain.models.rnn import RNNConfig, Seq2SeqConfig
+from pretrain.objectives.sgns import check_counts
 
 
 @dataclass

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from datamodules.indexed import IndexedDataset
 from pretrain.config import RunConfig, SourceConfig
+from pretrain.datamodules.indexed import IndexedDataset
 
 
 def ensure_tokenizer(run: RunConfig) -> Tokenizer:
     """The recipe's tokenizer, trained first (byte-level BPE) when missing and ``tokenizer.train_files`` is set."""
-    from datamodules.tokenizer import load_tokenizer, train_bpe
+    from pretrain.datamodules.tokenizer import load_tokenizer, train_bpe
 
     path = Path(run.tokenizer.path)
     if not path.exists() and run.tokenizer.train_files:
@@ -30,8 +30,8 @@ def ensure_tokenizer(run: RunConfig) -> Tokenizer:
 
 
 def ensure_prepared(source: SourceConfig, tokenizer: Tokenizer, val_fraction: float) -> Path:
-    """``source.prepared`` (re)written from ``source.text`` unless up to date (``datamodules.prepare`` cache)."""
-    from datamodules.prepare import prepare
+    """``source.prepared`` (re)written from ``source.text`` unless up to date (``pretrain.datamodules.prepare`` cache)."""
+    from pretrain.datamodules.prepare import prepare
 
     if source.text:
         prepare(

@@ -13,12 +13,12 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from objectives.base import Objective
 from pretrain.baselines.config import RNNLMBaseline
 from pretrain.baselines.data import ensure_prepared, ensure_tokenizer, prepared_dirs, split_tokens
 from pretrain.baselines.module import BaselineModule, fit, token_sums
 from pretrain.config import OptimConfig, RunConfig, SourceConfig
 from pretrain.models.rnn import RNNLanguageModel
+from pretrain.objectives.base import Objective
 
 
 class StreamBatches(Dataset):
@@ -125,8 +125,8 @@ def stream_perplexity(
 
 def lm_objective(run: RunConfig, tokenizer: Tokenizer, vocab_size: int) -> Objective:
     """The ``clm`` objective of the run, checked against the tokenizer (recurrent LMs need no document masks)."""
-    import objectives
-    from datamodules.tokenizer import check_tokenizer
+    from pretrain import objectives
+    from pretrain.datamodules.tokenizer import check_tokenizer
 
     if run.objective.name != "clm":
         raise ValueError(

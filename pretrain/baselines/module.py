@@ -9,9 +9,9 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from objectives.base import Objective
-from objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.config import OptimConfig, RunConfig
+from pretrain.objectives.base import Objective
+from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.step import StepLoss
 

@@ -17,17 +17,17 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, special_token_id
-from objectives.loss import IGNORE_INDEX
 from pretrain.baselines.config import Seq2SeqBaseline
 from pretrain.baselines.data import ensure_tokenizer
 from pretrain.baselines.heatmaps import alignment, save_alignment, token_labels
 from pretrain.baselines.module import BaselineModule, fit, token_sums, val_metrics
 from pretrain.config import RunConfig
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, special_token_id
 from pretrain.models.rnn import Seq2SeqRNN
 from pretrain.models.word_vectors import (
     word_tokenizer,
 )
+from pretrain.objectives.loss import IGNORE_INDEX
 
 
 def pad_pairs(
@@ -215,7 +215,7 @@ def run_seq2seq(run: RunConfig, cfg: Seq2SeqBaseline, resolved: dict[str, Any]) 
         role: special_token_id(tokenizer, role, run.tokenizer.special_tokens)
         for role in ("pad", "bos", "eos")
     }
-    from datamodules.tokenizer import check_tokenizer
+    from pretrain.datamodules.tokenizer import check_tokenizer
 
     check_tokenizer(tokenizer, cfg.model.vocab_size)
     model = Seq2SeqRNN(

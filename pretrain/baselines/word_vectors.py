@@ -1,5 +1,5 @@
-"""Word-vector baselines: SGNS / CBOW (``objectives.sgns``) on the prepared corpus through
-``PretrainDataModule``, GloVe (``objectives.glove``) on the co-occurrence matrix of the train split; neighbours,
+"""Word-vector baselines: SGNS / CBOW (``pretrain.objectives.sgns``) on the prepared corpus through
+``PretrainDataModule``, GloVe (``pretrain.objectives.glove``) on the co-occurrence matrix of the train split; neighbours,
 analogies, similarity and word2vec export."""
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-from objectives.glove import Cooccurrence, GloVe
-from objectives.sgns import SkipGram, token_counts
 from pretrain.baselines.config import GloVeBaseline, SGNSBaseline, WordEvalConfig
 from pretrain.baselines.data import ensure_tokenizer, prepared_dirs, split_tokens
 from pretrain.baselines.module import BaselineModule, fit, val_metrics
@@ -26,6 +24,8 @@ from pretrain.models.word_vectors import (
     read_analogies,
     read_similarity,
 )
+from pretrain.objectives.glove import Cooccurrence, GloVe
+from pretrain.objectives.sgns import SkipGram, token_counts
 
 
 class IndexBatches(Dataset):
@@ -75,7 +75,7 @@ class CooccurrenceData(L.LightningDataModule):
 
 
 class WordVectorModule(BaselineModule):
-    """Word2vec trained with a :class:`objectives.sgns.SkipGram` objective's batches and loss."""
+    """Word2vec trained with a :class:`pretrain.objectives.sgns.SkipGram` objective's batches and loss."""
 
     def sums(self, batch: dict[str, Tensor], training: bool) -> dict[str, Tensor]:
         logits = self.model(batch["input_ids"], batch["input_mask"], batch.get("candidates"))
@@ -85,7 +85,7 @@ class WordVectorModule(BaselineModule):
 
 
 class GloVeModule(BaselineModule):
-    """GloVe's weighted least squares (:class:`objectives.glove.GloVe`) on co-occurrence entries."""
+    """GloVe's weighted least squares (:class:`pretrain.objectives.glove.GloVe`) on co-occurrence entries."""
 
     def sums(self, batch: dict[str, Tensor], training: bool) -> dict[str, Tensor]:
         prediction = self.model(batch["input_ids"], batch["context_ids"])
@@ -115,7 +115,7 @@ def word_vocabulary(tokenizer: Tokenizer, vocab: Tensor) -> list[int]:
 
 
 def run_sgns(run: RunConfig, cfg: SGNSBaseline, resolved: dict[str, Any]) -> dict[str, Any]:
-    from datamodules.pretrain import PretrainDataModule
+    from pretrain.datamodules.pretrain import PretrainDataModule
 
     tokenizer = ensure_tokenizer(run)
     dirs = prepared_dirs(run, tokenizer)

@@ -277,7 +277,7 @@ def check_run_name(name: str) -> None:
 def structured(cls: type, node: Any, path: str = "") -> Any:
     """Dataclass ``cls`` from a plain dict, every key and type checked (see the module docstring)."""
     if not isinstance(node, dict):
-        raise ValueError(f"{path or 'config'}: expected a mapping of {cls.__name__} fields, got {node!r}")  # noqa: TRY004
+        raise ValueError(f"{path or 'config'}: expected a mapping of {cls.__name__} fields, got {node!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     for key in node:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from datamodules.corpus import document_mode
 from pretrain.config.compose import check_run_name, check_type, compose, structured
+from pretrain.datamodules.corpus import document_mode
 from pretrain.models.config import ModelConfig
 
 ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
@@ -23,7 +23,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 @dataclass
 class ObjectiveConfig:
-    """``objectives.build(name, tokenizer, **options)``."""
+    """``pretrain.objectives.build(name, tokenizer, **options)``."""
 
     name: ObjectiveName = "clm"
     options: dict[str, Any] = field(default_factory=dict)
@@ -48,7 +48,7 @@ class SourceConfig:
     """One corpus: raw text files, how they are cut into documents, the prepared directory ``pretrain prepare``
     writes, and its blending weight.
 
-    ``document`` is the source's document convention (``datamodules.corpus``): ``file`` (whole file, paragraph
+    ``document`` is the source's document convention (``pretrain.datamodules.corpus``): ``file`` (whole file, paragraph
     breaks kept), ``line``, ``blank_line`` (each paragraph a document; the break becomes EOS) or
     ``separator:S`` (documents end at lines equal to S; paragraph breaks inside documents kept). JSONL /
     Parquet / ``datasets`` inputs: one record per document, its ``text_field``."""
@@ -73,7 +73,7 @@ class PhaseConfig:
 
 @dataclass
 class ScheduleConfig:
-    """A mixture that changes over training (``datamodules.schedule``): no phases keeps ``sources[].weight`` for
+    """A mixture that changes over training (``pretrain.datamodules.schedule``): no phases keeps ``sources[].weight`` for
     the whole run; with phases, the first starts at step 0, ``constant`` holds each phase's weights until the
     next, ``linear`` moves from one phase's weights to the next's step by step."""
 
@@ -436,11 +436,11 @@ def _check_schedule(data: DataConfig, max_steps: int) -> None:
 
 
 def mixture_schedule(data: DataConfig):
-    """The ``datamodules.schedule.MixtureSchedule`` of ``data.schedule`` (sources in ``data.sources`` order),
+    """The ``pretrain.datamodules.schedule.MixtureSchedule`` of ``data.schedule`` (sources in ``data.sources`` order),
     or None when it has no phases."""
     if not data.schedule.phases:
         return None
-    from datamodules.schedule import MixtureSchedule
+    from pretrain.datamodules.schedule import MixtureSchedule
 
     names = [s.name for s in data.sources]
     return MixtureSchedule(
@@ -451,7 +451,7 @@ def mixture_schedule(data: DataConfig):
 
 
 def _check_objective(o: ObjectiveConfig) -> None:
-    import objectives
+    from pretrain import objectives
 
     valid = objectives.options(o.name)
     unknown = sorted(set(o.options) - set(valid))
@@ -509,7 +509,10 @@ def optim_problems(o: OptimConfig) -> list[str]:
         ),
         (o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}"),
         (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}"),
-        (0 < o.cooldown_fraction <= 1, f"optim.cooldown_fraction must be in (0, 1], got {o.cooldown_fraction}"),
+        (
+            0 < o.cooldown_fraction <= 1,
+            f"optim.cooldown_fraction must be in (0, 1], got {o.cooldown_fraction}",
+        ),
     ]
     return [message for ok, message in checks if not ok]
 

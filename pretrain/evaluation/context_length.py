@@ -54,15 +54,15 @@ def by_context(losses: Tensor) -> list[tuple[int, int, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from datamodules.corpus import Source, iter_documents
-    from datamodules.tokenizer import resolve_eos
+    from pretrain.datamodules.corpus import Source, iter_documents
+    from pretrain.datamodules.tokenizer import resolve_eos
     from pretrain.evaluation.models import load_model_and_tokenizer
 
     parser = argparse.ArgumentParser(prog="python -m pretrain.evaluation.context_length", description=__doc__)
     parser.add_argument("checkpoint", help="a .ckpt, a run directory or a transformers directory")
     parser.add_argument("--text", required=True, help=f"raw text, e.g. <data root>/{WIKITEXT2_TEST}")
     parser.add_argument(
-        "--document", default=ARTICLE, help="document convention of --text (datamodules.corpus)"
+        "--document", default=ARTICLE, help="document convention of --text (pretrain.datamodules.corpus)"
     )
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=1)

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.special_tokens import special_token_id
-from datamodules.tokenizer import load_tokenizer, resolve_eos
+from pretrain.datamodules.special_tokens import special_token_id
+from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 

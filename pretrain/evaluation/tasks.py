@@ -76,7 +76,7 @@ class TaskConfig:
     max_new_tokens: int = 256
     ignore_case: bool = False
     strip: bool = True  # strip whitespace from the prediction before exact match
-    # perplexity on a text file: its document convention, as in `pretrain prepare` (datamodules.corpus): "file"
+    # perplexity on a text file: its document convention, as in `pretrain prepare` (pretrain.datamodules.corpus): "file"
     # (default, lm-eval's: the whole file is one document), "line", "blank_line", "separator:S". Each document is
     # scored on its own after the prefix token, as training saw it after EOS: to read the text the way a corpus
     # was prepared, give its data.sources[].document here (the default differs from prepare's blank_line)
@@ -94,7 +94,7 @@ class TaskConfig:
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit <= 0):
             raise ValueError(f"{where}: limit must be a positive integer or null, got {self.limit!r}")
         if self.type == "perplexity":
-            from datamodules.corpus import document_mode
+            from pretrain.datamodules.corpus import document_mode
 
             document_mode(self.document)
         if self.max_new_tokens <= 0:
@@ -155,7 +155,7 @@ def load_task(
 
 def _validate(example: Any, task_type: str, where: str) -> Example:
     if not isinstance(example, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}")  # noqa: TRY004
+        raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}")
     for key, (types, desc) in _FIELDS[task_type].items():
         if key not in example:
             raise ValueError(
@@ -163,7 +163,7 @@ def _validate(example: Any, task_type: str, where: str) -> Example:
             )
         value = example[key]
         if not isinstance(value, types) or isinstance(value, bool):
-            raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")  # noqa: TRY004
+            raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")
         if isinstance(value, list) and (not value or not all(isinstance(v, str) for v in value)):
             raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")
     if task_type in _OPTIONS_KEY:
@@ -203,8 +203,8 @@ def load_examples(path: str | Path, task_type: str) -> list[Example]:
 
 def load_documents(path: str | Path, document: str = "file", limit: int | None = None) -> list[str]:
     """Raw-text documents for perplexity: a ``.jsonl`` file's ``text`` fields, or a text file cut by the
-    ``document`` convention with the reader ``pretrain prepare`` uses (``datamodules.corpus.iter_documents``)."""
-    from datamodules.corpus import Source, iter_documents
+    ``document`` convention with the reader ``pretrain prepare`` uses (``pretrain.datamodules.corpus.iter_documents``)."""
+    from pretrain.datamodules.corpus import Source, iter_documents
 
     path = Path(path)
     if path.suffix == ".jsonl":

@@ -55,7 +55,7 @@ def _load_hf(directory: Path) -> Transformer:
 def load_backbone(init: InitConfig) -> tuple[Transformer, Tokenizer, dict[str, str]]:
     """``(backbone, tokenizer, special-token roles)`` from a pretraining checkpoint, a Hugging Face directory, or
     random weights. ValueError when no tokenizer can be found or it does not fit the model's vocabulary."""
-    from datamodules.tokenizer import load_tokenizer
+    from pretrain.datamodules.tokenizer import load_tokenizer
 
     roles: dict[str, str] = {}
     tokenizer = None

@@ -72,7 +72,7 @@ class LoRAConfig:
 
 @dataclass
 class FinetuneDataConfig:
-    """Files and encoding. Classification/regression: GLUE-style TSV/JSONL (``datamodules.finetune``). Text-to-text:
+    """Files and encoding. Classification/regression: GLUE-style TSV/JSONL (``pretrain.datamodules.finetune``). Text-to-text:
     a GLUE file rendered as text (``task``), or line-aligned ``train_file`` / ``train_target_file`` (e.g. Multi30k)."""
 
     task: str | None = None  # GLUE task name: column defaults, text-to-text format, default metrics

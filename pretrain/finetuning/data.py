@@ -15,7 +15,7 @@ def default_template(arch: str, pair: bool, tokenizer: Tokenizer, roles: dict[st
 
     decoder (GPT-1's task framing): ``<s> A <sep> B <cls>`` -- start, delimiter, extract; the head reads the final
     state. encoder-decoder (T5): ``A </s> B </s>``."""
-    from datamodules.special_tokens import special_token_id
+    from pretrain.datamodules.special_tokens import special_token_id
 
     def tok(role: str) -> str:
         return tokenizer.id_to_token(special_token_id(tokenizer, role, roles))
@@ -31,8 +31,8 @@ def build_datamodule(cfg: FinetuneConfig, tokenizer: Tokenizer, arch: str, roles
     """``FinetuneDataModule`` (heads) or ``Text2TextDataModule`` (text2text) for the configured files."""
     d = cfg.data
     if cfg.head.kind == "text2text":
-        from datamodules.special_tokens import special_token_id
-        from datamodules.text2text import Text2TextDataModule, glue_pairs, parallel_pairs
+        from pretrain.datamodules.special_tokens import special_token_id
+        from pretrain.datamodules.text2text import Text2TextDataModule, glue_pairs, parallel_pairs
 
         if d.train_target_file:
             if bool(d.val_file) != bool(d.val_target_file):
@@ -62,7 +62,7 @@ def build_datamodule(cfg: FinetuneConfig, tokenizer: Tokenizer, arch: str, roles
             num_workers=d.num_workers,
             seed=cfg.seed,
         )
-    from datamodules.finetune import FinetuneDataModule, task_format
+    from pretrain.datamodules.finetune import FinetuneDataModule, task_format
 
     columns = d.text_columns or (task_format(d.task).text_columns if d.task else ())
     pair = len(columns) == 2

@@ -12,12 +12,12 @@ import torchmetrics
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from objectives.loss import IGNORE_INDEX
 from pretrain.finetuning.config import FinetuneConfig
 from pretrain.finetuning.decoding import decode_targets
 from pretrain.finetuning.metrics import TEXT_METRICS, build_metrics, default_metrics
 from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Transformer
+from pretrain.objectives.loss import IGNORE_INDEX
 from pretrain.training.optim import lr_lambda, param_groups
 from pretrain.training.step import StepLoss
 

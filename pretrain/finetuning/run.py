@@ -33,7 +33,7 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
 
         add_lora(backbone, cfg.lora)
     if cfg.head.kind == "text2text":
-        from datamodules.special_tokens import special_token_id
+        from pretrain.datamodules.special_tokens import special_token_id
 
         eos, pad = (special_token_id(tokenizer, r, roles) for r in ("eos", "pad"))
         module = Text2TextModule(backbone, cfg, tokenizer, eos_id=eos, pad_id=pad)

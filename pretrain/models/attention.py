@@ -221,7 +221,9 @@ class AttentionMask:
             return None
         i = inputs
         if torch.compiler.is_compiling():
-            cache = None  # built inside the graph: a cache lookup would be a guard on the dict, i.e. a recompile
+            cache = (
+                None  # built inside the graph: a cache lookup would be a guard on the dict, i.e. a recompile
+            )
         key = (i.query_len, i.key_len, i.causal, i.cross, i.pattern, str(device))
         if i.batch_free and cache is not None and key in cache:
             return cache[key]

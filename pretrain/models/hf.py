@@ -596,11 +596,10 @@ def to_hf(model: Transformer) -> Any:
 
 def hf_tokenizer(tokenizer: Any, max_length: int, special_tokens: dict[str, str] | None = None) -> Any:
     """A transformers fast tokenizer of a ``tokenizers.Tokenizer`` with every special-token role it holds
-    (``datamodules.special_tokens``: eos, bos, pad, unk, mask, cls, sep; ``special_tokens`` overrides a role's
+    (``pretrain.datamodules.special_tokens``: eos, bos, pad, unk, mask, cls, sep; ``special_tokens`` overrides a role's
     token, e.g. ``eos: <|endoftext|>``), T5's ``<extra_id_i>`` sentinels, and ``model_max_length``."""
     import transformers
-
-    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, NUM_SENTINELS, sentinel_token
+    from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, NUM_SENTINELS, sentinel_token
 
     roles = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}
     present = {f"{role}_token": tok for role, tok in roles.items() if tokenizer.token_to_id(tok) is not None}
@@ -613,8 +612,8 @@ def hf_tokenizer(tokenizer: Any, max_length: int, special_tokens: dict[str, str]
 
 def special_token_ids(tokenizer: Any, special_tokens: dict[str, str] | None = None) -> dict[str, int]:
     """``{"bos_token_id": .., "eos_token_id": .., "pad_token_id": ..}`` of the roles the tokenizer holds
-    (``datamodules.special_tokens``; ``special_tokens`` overrides a role's token)."""
-    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
+    (``pretrain.datamodules.special_tokens``; ``special_tokens`` overrides a role's token)."""
+    from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 
     roles = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}
     ids = {role: tokenizer.token_to_id(roles[role]) for role in ("bos", "eos", "pad")}

@@ -1,6 +1,6 @@
 """Static word vectors: the word2vec and GloVe models, and their evaluation and export.
 
-Models (V vocabulary, d dimensions; the objectives live in ``objectives.sgns`` / ``objectives.glove``):
+Models (V vocabulary, d dimensions; the objectives live in ``pretrain.objectives.sgns`` / ``pretrain.objectives.glove``):
 
 - ``Word2Vec``: center (input) vectors v and context (output) vectors u, both (V, d). An example with inputs
   ``x_1..x_C`` (the center for skip-gram, the context window for CBOW) has ``h = mean_i v_{x_i}`` and scores
@@ -32,9 +32,8 @@ BYTE_LEVEL_SPACE = "Ġ"  # byte-level BPE's mark of a leading space ("Ġking" is
 def word_tokenizer(words: Iterable[str], special_tokens: Sequence[str] | None = None):
     """A word-level ``tokenizers.Tokenizer`` (whitespace split): special tokens get ids 0.., then ``words``
     in order; unknown words map to ``<unk>``. For classic word vectors and toy tasks."""
+    from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens
     from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens
 
     specials = list(all_special_tokens() if special_tokens is None else special_tokens)
     vocab = {t: i for i, t in enumerate(dict.fromkeys([*specials, *words]))}

@@ -280,14 +280,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> int:
-    from datamodules.corpus import InvalidUTF8Error
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.corpus import InvalidUTF8Error
+    from pretrain.datamodules.tokenizer import train_bpe
 
     run, _ = config.load(args.recipe, args.overrides)
     t = run.tokenizer
     path = Path(t.path)
     if path.exists() and not args.force:
-        from datamodules.tokenizer import load_tokenizer
+        from pretrain.datamodules.tokenizer import load_tokenizer
 
         try:
             load_tokenizer(path)
@@ -314,8 +314,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from datamodules.corpus import InvalidUTF8Error
-    from datamodules.prepare import prepare
+    from pretrain.datamodules.corpus import InvalidUTF8Error
+    from pretrain.datamodules.prepare import prepare
 
     run, _ = config.load(args.recipe, args.overrides)
     if args.tasks is not None and args.executor is None:
@@ -342,7 +342,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                     **settings,
                 )
             else:
-                from datamodules.executors import prepare_in_tasks
+                from pretrain.datamodules.executors import prepare_in_tasks
 
                 options = {k: v for k, v in (("partition", args.partition), ("time", args.time)) if v}
                 meta = prepare_in_tasks(

@@ -356,7 +356,7 @@ class HangGuard(Callback):
     def _arm(self, trainer: L.Trainer) -> None:
         if self._file is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.run_dir / f"hang-rank{trainer.global_rank}.txt", "w")  # noqa: SIM115
+            self._file = open(self.run_dir / f"hang-rank{trainer.global_rank}.txt", "w")
         faulthandler.dump_traceback_later(self.timeout(), exit=True, file=self._file)
 
     def on_train_batch_start(

@@ -13,10 +13,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from pretrain.datamodules.pretrain import PretrainDataModule
+from pretrain.objectives import IGNORE_INDEX, Objective
 from torch import Tensor
 
-from datamodules.pretrain import PretrainDataModule
-from objectives import IGNORE_INDEX, Objective
 from pretrain.config import RunConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training import compile_compat, lightning_compat
@@ -183,7 +183,9 @@ class PretrainModule(L.LightningModule):
         metrics["train/tokens_seen"] = float(self.tokens_seen)
         data = self.trainer.datamodule
         if isinstance(data, PretrainDataModule) and len(data.names) > 1:  # corpus tokens read, per source
-            metrics.update({f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()})
+            metrics.update(
+                {f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()}
+            )
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
         metrics = {
             k: torch.tensor(v) for k, v in metrics.items()

@@ -77,7 +77,8 @@ def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]
     generator = torch.Generator().manual_seed(0)
     T, V = run.data.seq_len, run.model.vocab_size
     if Path(run.tokenizer.path).is_file():
-        from datamodules.tokenizer import load_tokenizer
+        from pretrain.datamodules.tokenizer import load_tokenizer
+
         from pretrain.training.setup import build_objective
 
         objective = build_objective(run, load_tokenizer(run.tokenizer.path))
@@ -99,7 +100,7 @@ def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, precision: str) -> None:
     """One training step of ``model`` on ``batch``: forward, loss, backward, optimizer step."""
-    from objectives.loss import token_cross_entropy
+    from pretrain.objectives.loss import token_cross_entropy
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     labels = batch["labels"]

@@ -19,8 +19,9 @@ from pretrain.config import RunConfig
 
 def build_objective(run: RunConfig, tokenizer: Any) -> Any:
     """The configured objective, checked against the architecture and the tokenizer."""
-    import objectives
-    from datamodules.tokenizer import check_tokenizer
+    from pretrain.datamodules.tokenizer import check_tokenizer
+
+    from pretrain import objectives
 
     options = dict(run.objective.options)
     if run.tokenizer.special_tokens and "special_tokens" in objectives.options(run.objective.name):
@@ -56,7 +57,8 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
 
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
     """The datamodule; ``ValueError`` when a prepared corpus was tokenized with another tokenizer."""
-    from datamodules.prepare import read_meta
+    from pretrain.datamodules.prepare import read_meta
+
     from pretrain.config.run import mixture_schedule
     from pretrain.training.module import PretrainData
 
@@ -85,10 +87,10 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
 
 
 def model_token_ids(run: RunConfig, tokenizer: Any) -> dict[str, int | None]:
-    """``ModelConfig``'s special-token ids, from the tokenizer (roles of ``datamodules.special_tokens`` with the
+    """``ModelConfig``'s special-token ids, from the tokenizer (roles of ``pretrain.datamodules.special_tokens`` with the
     recipe's ``tokenizer.special_tokens``): pad, eos, and for encoder-decoders the first decoder input (T5: pad).
     ``ValueError`` when the model config sets one that disagrees (they are the tokenizer's, not the model's)."""
-    from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
+    from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 
     table = {**DEFAULT_SPECIAL_TOKENS, **run.tokenizer.special_tokens}
     pad, eos = (tokenizer.token_to_id(table[role]) for role in ("pad", "eos"))
@@ -106,7 +108,7 @@ def model_token_ids(run: RunConfig, tokenizer: Any) -> dict[str, int | None]:
 def check_fresh(run: RunConfig, source: Any, tokenizer: Any) -> None:
     """``ValueError`` when ``source.prepared`` is not what ``pretrain prepare`` would write from the recipe now
     (raw text edited, settings changed, files damaged): training on it would silently use stale data."""
-    from datamodules.prepare import stale_reason
+    from pretrain.datamodules.prepare import stale_reason
 
     reason = stale_reason(
         source.prepared,
@@ -189,9 +191,9 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     """Everything before the Trainer: tokenizer, objective, data, checkpoint to resume, module. Cheap, and it
     raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint)."""
     import lightning as L
+    from pretrain.datamodules.prepare import read_meta
+    from pretrain.datamodules.tokenizer import load_tokenizer
 
-    from datamodules.prepare import read_meta
-    from datamodules.tokenizer import load_tokenizer
     from pretrain.training.checkpoint.io import payload
     from pretrain.training.checkpoint.resume import check_compatible
     from pretrain.training.module import PretrainModule

@@ -32,9 +32,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
+from pretrain.objectives import IGNORE_INDEX
 from torch import Tensor
-
-from objectives import IGNORE_INDEX
 
 STEP_TARGETS = (
     "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step

@@ -113,7 +113,7 @@ def build_deepspeed(run: TrainingRun) -> Strategy:
     if run.trainer.accelerator == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
     try:
-        import deepspeed  # noqa: F401
+        import deepspeed
     except ImportError as err:
         raise ValueError(
             "strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'"

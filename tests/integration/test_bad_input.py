@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 import yaml
+from pretrain.datamodules.prepare import prepare
 from training_utils import CORPUS, REPO_ROOT, tiny_recipe
 
-from datamodules.prepare import prepare
 from pretrain.cli import main
 
 GPT_TINY = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
@@ -33,7 +33,7 @@ def one_error_line(capsys, *args) -> str:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tiny_world):  # noqa: F811
+def checkpoint(tmp_path_factory, tiny_world):
     """A tiny GPT (learned positions, 64 of them) after one `pretrain fit` step."""
     directory = tmp_path_factory.mktemp("trained")
     recipe = tiny_recipe(directory, tiny_world, "gpt", trainer={"max_steps": 1, "val_check_interval": 100})
@@ -133,7 +133,7 @@ def test_negative_learning_rate_is_named_before_the_run_directory_exists(capsys,
 
 
 # ---------------------------------------------------------------------------------------- tokenizer / prepare
-def test_truncated_tokenizer_is_not_reused(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_truncated_tokenizer_is_not_reused(capsys, tmp_path, tiny_world):
     tokenizer = tmp_path / "tokenizer.json"
     text = tiny_world["tokenizer"].read_text()
     tokenizer.write_text(text[: len(text) // 2])
@@ -141,7 +141,7 @@ def test_truncated_tokenizer_is_not_reused(capsys, tmp_path, tiny_world):  # noq
     assert "--force" in one_error_line(capsys, "tokenizer", recipe)
 
 
-def test_invalid_utf8_hint_names_the_recipe_key(capsys, tmp_path, tiny_world):  # noqa: F811
+def test_invalid_utf8_hint_names_the_recipe_key(capsys, tmp_path, tiny_world):
     corpus = tmp_path / "bad.txt"
     corpus.write_bytes(CORPUS.read_bytes()[:20_000] + b"\nbad \xff byte\n\n" + CORPUS.read_bytes()[:20_000])
     data = {"sources": [{"name": "bad", "text": [str(corpus)], "prepared": str(tmp_path / "prepared")}]}
@@ -152,14 +152,14 @@ def test_invalid_utf8_hint_names_the_recipe_key(capsys, tmp_path, tiny_world):  
     assert status == 0
 
 
-def test_empty_validation_hint_names_the_recipe_key(tmp_path, tiny_world):  # noqa: F811
-    from datamodules.pretrain import PretrainDataModule
-    from objectives import build
+def test_empty_validation_hint_names_the_recipe_key(tmp_path, tiny_world):
+    from pretrain.datamodules.pretrain import PretrainDataModule
+    from pretrain.objectives import build
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS.read_text()[:20_000])
     prepare([corpus], tiny_world["tokenizer"], tmp_path / "data", val_fraction=0.0, progress=False)
-    from datamodules.tokenizer import load_tokenizer
+    from pretrain.datamodules.tokenizer import load_tokenizer
 
     objective = build("clm", load_tokenizer(tiny_world["tokenizer"]))
     data = PretrainDataModule(tmp_path / "data", objective, seq_len=32, micro_batch_size=2, val_batches=2)
@@ -167,7 +167,7 @@ def test_empty_validation_hint_names_the_recipe_key(tmp_path, tiny_world):  # no
         data.setup("fit")
 
 
-def test_truncated_train_bin_is_rebuilt_not_a_cache_hit(tmp_path, tiny_world):  # noqa: F811
+def test_truncated_train_bin_is_rebuilt_not_a_cache_hit(tmp_path, tiny_world):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS.read_text()[:20_000])
     out = tmp_path / "data"
@@ -181,7 +181,7 @@ def test_truncated_train_bin_is_rebuilt_not_a_cache_hit(tmp_path, tiny_world):  
     assert again["splits"] == first["splits"]
 
 
-def test_prepare_removes_what_killed_runs_left(tmp_path, tiny_world):  # noqa: F811
+def test_prepare_removes_what_killed_runs_left(tmp_path, tiny_world):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS.read_text()[:5_000])
     leftovers = [tmp_path / ".data.tmp-0badf00d", tmp_path / ".data.old-0badf00d"]

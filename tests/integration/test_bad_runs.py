@@ -65,8 +65,8 @@ def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_pa
 
 
 def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_world):
-    from datamodules.prepare import prepare
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.prepare import prepare
+    from pretrain.datamodules.tokenizer import train_bpe
 
     def fit(data, tokenizer=tiny_world["tokenizer"], *overrides: str) -> int:
         recipe = tiny_recipe(
@@ -126,9 +126,7 @@ def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_p
     assert main(["fit", str(recipe)]) == 0
     state = best_state(checkpoints / "last.ckpt")  # saved after step 4's validation: it knows that result
     assert state["best_model_path"] and Path(state["best_model_path"]).is_file()
-    assert {Path(p).name for p in state["best_k_models"]} == {
-        p.name for p in checkpoints.glob("best-*.ckpt")
-    }
+    assert {Path(p).name for p in state["best_k_models"]} == {p.name for p in checkpoints.glob("best-*.ckpt")}
 
     assert (
         main(["fit", str(recipe), "trainer.max_steps=8"]) == 0

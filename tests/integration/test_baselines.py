@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import objectives
+from pretrain import objectives
 from pretrain.baselines.config import load_config
 from pretrain.baselines.heatmaps import save_alignment
 from pretrain.baselines.lstm_lm import StreamBatches, stream_perplexity
@@ -94,7 +94,7 @@ def test_glove_recipe_fits_the_cooccurrence_matrix(corpus):
 def unigram_perplexity(prepared: Path, vocab_size: int) -> float:
     """Perplexity of the val split under the train split's token frequencies (add-one): what a model that
     learned nothing but frequencies scores."""
-    from datamodules.indexed import IndexedDataset
+    from pretrain.datamodules.indexed import IndexedDataset
 
     train, val = (np.asarray(IndexedDataset(prepared / s).tokens, dtype=np.int64) for s in ("train", "val"))
     p = (np.bincount(train, minlength=vocab_size) + 1) / (len(train) + vocab_size)

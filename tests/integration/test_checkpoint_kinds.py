@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_utils import (  # noqa: F401
+from training_utils import (
     CORPUS,
     Background,
     metric_by_step,
@@ -46,7 +46,7 @@ def train_recipe(directory: Path, world: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def kinds(tmp_path_factory, tiny_world):  # noqa: F811
+def kinds(tmp_path_factory, tiny_world):
     """``{kind: recipe}``, each trained for 6 steps (checkpoints at 3 and 6, the best one kept)."""
     root = tmp_path_factory.mktemp("kinds")
     recipes, runs = {}, {}

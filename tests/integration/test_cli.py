@@ -23,7 +23,7 @@ def pretrain(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_world):  # noqa: F811
+def trained(tmp_path_factory, tiny_world):
     """A tiny GPT trained for 4 steps through `pretrain fit` (in process)."""
     directory = tmp_path_factory.mktemp("trained")
     recipe = tiny_recipe(directory, tiny_world, "gpt", trainer={"max_steps": 4, "val_check_interval": 2})
@@ -48,7 +48,7 @@ def test_console_script():
     assert all(name in out for name in COMMANDS)
 
 
-def test_tokenizer_and_prepare(tmp_path, capsys, tiny_world):  # noqa: F811
+def test_tokenizer_and_prepare(tmp_path, capsys, tiny_world):
     recipe = tiny_recipe(
         tmp_path,
         tiny_world,
@@ -74,7 +74,7 @@ def test_tokenizer_and_prepare(tmp_path, capsys, tiny_world):  # noqa: F811
     assert (tmp_path / "prepared" / "train.bin").is_file()
 
 
-def test_fit_writes_a_self_contained_checkpoint(trained, tiny_world):  # noqa: F811
+def test_fit_writes_a_self_contained_checkpoint(trained, tiny_world):
     ckpt = read(trained["ckpt"])
     assert ckpt["global_step"] == 4
     info = ckpt[PAYLOAD]
@@ -164,14 +164,14 @@ def test_export_loads_in_transformers(trained, tmp_path, capsys):
         (["model.vocab_size=128"], "set model.vocab_size >= 512"),
     ],
 )
-def test_bad_input_fails_before_training(tmp_path, capsys, tiny_world, overrides, message):  # noqa: F811
+def test_bad_input_fails_before_training(tmp_path, capsys, tiny_world, overrides, message):
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt")
     status, _, err = pretrain(capsys, "fit", recipe, *overrides)
     assert status == 2 and message in err
     assert not (tmp_path / "run").exists()  # nothing ran
 
 
-def test_checkpoint_of_another_architecture_is_refused(tmp_path, capsys, tiny_world):  # noqa: F811
+def test_checkpoint_of_another_architecture_is_refused(tmp_path, capsys, tiny_world):
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt")
     bert = dataclasses.asdict(ModelConfig(arch="encoder", vocab_size=512, d_model=32, n_layer=2, n_head=2))
     AtomicCheckpointIO().save_checkpoint(
@@ -210,8 +210,8 @@ def test_resume_under_other_run_time_settings(trained, tmp_path):
     assert read(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 5
 
 
-def test_data_prepared_with_another_tokenizer_is_refused(tmp_path, capsys, tiny_world):  # noqa: F811
-    from datamodules.tokenizer import train_bpe
+def test_data_prepared_with_another_tokenizer_is_refused(tmp_path, capsys, tiny_world):
+    from pretrain.datamodules.tokenizer import train_bpe
 
     other = tmp_path / "other.json"
     train_bpe([tiny_world["corpus"]], 450, other, show_progress=False)
@@ -220,7 +220,7 @@ def test_data_prepared_with_another_tokenizer_is_refused(tmp_path, capsys, tiny_
     assert status == 2 and "was prepared with another tokenizer" in err
 
 
-def test_generate_needs_a_decoder(tmp_path, capsys, tiny_world):  # noqa: F811
+def test_generate_needs_a_decoder(tmp_path, capsys, tiny_world):
     recipe = tiny_recipe(tmp_path, tiny_world, "bert", trainer={"max_steps": 1}, checkpoint={"save_top_k": 0})
     assert main(["fit", str(recipe)]) == 0
     capsys.readouterr()
@@ -228,7 +228,7 @@ def test_generate_needs_a_decoder(tmp_path, capsys, tiny_world):  # noqa: F811
     assert status == 2 and "generate needs arch 'decoder' or 'encoder-decoder'" in err
 
 
-def test_generate_encoder_decoder(tmp_path, capsys, tiny_world):  # noqa: F811
+def test_generate_encoder_decoder(tmp_path, capsys, tiny_world):
     recipe = tiny_recipe(tmp_path, tiny_world, "t5", trainer={"max_steps": 1}, checkpoint={"save_top_k": 0})
     assert main(["fit", str(recipe)]) == 0
     capsys.readouterr()

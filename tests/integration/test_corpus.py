@@ -1,4 +1,4 @@
-"""Document conventions (``datamodules.corpus``): set per source in a recipe, read the same way by ``prepare`` and
+"""Document conventions (``pretrain.datamodules.corpus``): set per source in a recipe, read the same way by ``prepare`` and
 by evaluation's perplexity on a text file."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pretrain.datamodules.corpus import document_mode, iter_documents, resolve_sources
+from pretrain.datamodules.prepare import read_meta
 from training_utils import tiny_recipe
 
-from datamodules.corpus import document_mode, iter_documents, resolve_sources
-from datamodules.prepare import read_meta
 from pretrain.cli import main
 from pretrain.evaluation.tasks import load_documents
 
@@ -57,7 +57,7 @@ def test_document_mode_names_the_conventions():
         document_mode("heading:= (")
 
 
-def test_recipe_sets_the_convention_and_evaluation_reads_it_alike(tmp_path, capsys, tiny_world):  # noqa: F811
+def test_recipe_sets_the_convention_and_evaluation_reads_it_alike(tmp_path, capsys, tiny_world):
     """``data.sources[].document`` reaches ``pretrain prepare``; ``load_documents`` with the same convention
     yields exactly the documents prepare wrote."""
     corpus = tmp_path / "c.txt"

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from training_utils import (  # noqa: F401
+from training_utils import (
     Background,
     fit_and_kill,
     metric_by_step,
@@ -21,7 +21,7 @@ DDP = {"name": "ddp", "ddp": {"process_group_backend": "gloo"}}
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process_with_twice_the_batch(tmp_path, tiny_world):  # noqa: F811
+def test_two_processes_match_one_process_with_twice_the_batch(tmp_path, tiny_world):
     """10 MLM steps, per-device batch b=2 on 2 ranks vs b=4 on 1 rank, accumulation 2: the same samples and
     masks, and the same loss normalisation although the target count varies per micro-batch and rank."""
     runs = {}
@@ -54,7 +54,7 @@ def test_two_processes_match_one_process_with_twice_the_batch(tmp_path, tiny_wor
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt", "bert", "t5"])
-def test_ddp_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind):  # noqa: F811
+def test_ddp_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind):
     runs = {}
     for name in ("full", "killed"):
         (tmp_path / name).mkdir()

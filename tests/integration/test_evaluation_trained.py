@@ -9,8 +9,8 @@ from dataclasses import asdict
 import pytest
 import torch
 import torch.nn.functional as F
+from pretrain.datamodules.tokenizer import train_bpe
 
-from datamodules.tokenizer import train_bpe
 from pretrain.cli import main as cli_main
 from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.prompts import FewShotSampler

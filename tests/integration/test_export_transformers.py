@@ -29,7 +29,7 @@ T5_V1_1 = TINY_MODEL["t5"]  # untied: lm_head is its own matrix, decoder outputs
 @pytest.fixture(scope="module")
 def tokenizer(shipped_corpus, tmp_path_factory):
     """A BPE trained as `pretrain tokenizer` trains one (every special token, ``</s>`` included)."""
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.tokenizer import train_bpe
 
     corpus = tmp_path_factory.mktemp("export") / "c.txt"
     corpus.write_text(shipped_corpus.read_text(encoding="utf-8")[:60_000], encoding="utf-8")

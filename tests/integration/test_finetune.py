@@ -67,7 +67,7 @@ def sentence(rng: random.Random, label: int) -> str:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Synthetic sentiment (single sentences), pair and score files, and a byte-level BPE trained on them."""
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.tokenizer import train_bpe
 
     root = tmp_path_factory.mktemp("ft")
     rng = random.Random(0)
@@ -289,7 +289,7 @@ def test_checkpoint_without_tokenizer(files, tmp_path):
 
 
 def test_hugging_face_directory_without_tokenizer(files, tmp_path):
-    import transformers  # noqa: F401
+    import transformers
 
     from pretrain.models.hf import save_hf
 
@@ -356,7 +356,6 @@ def test_two_ddp_ranks_give_the_metrics_of_one_rank_with_twice_the_batch(files, 
     import json
 
     import yaml
-
     from training_utils import Background, metric_by_step, read_metrics
 
     model = BERT | {"dropout": 0.0, "attn_dropout": 0.0}

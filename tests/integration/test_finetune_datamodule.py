@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from pretrain.datamodules.finetune import FinetuneDataModule, read_table
+from pretrain.datamodules.special_tokens import all_special_tokens
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-from datamodules.finetune import FinetuneDataModule, read_table
-from datamodules.special_tokens import all_special_tokens
 
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "fast", "slow", "good", "bad", "movie", "film"]
 

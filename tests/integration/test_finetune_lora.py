@@ -26,7 +26,7 @@ T5 = TINY | TINY_MODEL["t5"] | NO_DROPOUT
 @pytest.fixture(scope="module")
 def xor_files(tmp_path_factory) -> Path:
     """Label = "apple" xor "river" in the sentence: not linear in the words present."""
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.tokenizer import train_bpe
 
     root = tmp_path_factory.mktemp("lora")
     rng = random.Random(0)

@@ -37,7 +37,7 @@ def _files(root: Path) -> Path:
     """Synthetic sentiment TSVs and a byte-level BPE trained on them. 65 dev examples on 2 ranks of micro-batch 8:
     33 + 32, so without padding rank 0 would run a 5th forward pass that rank 1 never joins (a hang when
     sharded); padded, rank 1's 5th batch is one padding example."""
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.tokenizer import train_bpe
 
     rng = random.Random(0)
     for split, n in (("train", 256), ("dev", 65)):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fault_run import InjectedCrash
 from fault_run import main as fit_with_faults
-from training_utils import (  # noqa: F401
+from training_utils import (
     REPO_ROOT,
     cli_env,
     metric_by_step,
@@ -38,7 +38,7 @@ def guard_state(run_dir) -> dict:
     return read(run_dir / "checkpoints" / "last.ckpt")["callbacks"]["StepGuard"]
 
 
-def test_nan_gradient_step_is_skipped_and_equals_a_run_without_that_update(tmp_path, tiny_world):  # noqa: F811
+def test_nan_gradient_step_is_skipped_and_equals_a_run_without_that_update(tmp_path, tiny_world):
     guarded = recipe(tmp_path / "nan", tiny_world)
     reference = recipe(tmp_path / "undo", tiny_world)
     assert fit_with_faults("nan@3", ["fit", str(guarded)]) == 0
@@ -58,7 +58,7 @@ def test_nan_gradient_step_is_skipped_and_equals_a_run_without_that_update(tmp_p
 SPIKE = {"snapshot_every": 4, "spike": {"enabled": True, "k": 3.0, "m": 2, "window": 20, "min_history": 4}}
 
 
-def test_spike_rolls_back_skips_its_data_and_ends_near_the_clean_run(tmp_path, tiny_world):  # noqa: F811
+def test_spike_rolls_back_skips_its_data_and_ends_near_the_clean_run(tmp_path, tiny_world):
     """The learning rate of steps 8-9 is multiplied by 300: the loss jumps from ~5.9 to ~15; the guard rolls
     back to the snapshot of step 8, skips the samples read since, and the run ends close to the clean one."""
     common = {"trainer": {"max_steps": 20, "val_check_interval": 20}, "optim": {"decay_steps": 20}}
@@ -91,7 +91,7 @@ def test_spike_rolls_back_skips_its_data_and_ends_near_the_clean_run(tmp_path, t
         assert torch.equal(a[key], b[key]), key
 
 
-def test_enospc_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_world, capsys):  # noqa: F811
+def test_enospc_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_world, capsys):
     from pretrain.training.checkpoint import find_resume
 
     run_dir = tmp_path / "full" / "run"
@@ -125,7 +125,7 @@ def fault_script(spec: str, recipe_path, timeout: float = 300):
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_hang_dumps_every_ranks_stacks_and_exits_nonzero(tmp_path, tiny_world, ranks):  # noqa: F811
+def test_hang_dumps_every_ranks_stacks_and_exits_nonzero(tmp_path, tiny_world, ranks):
     """Step 5 of the last rank sleeps 10 minutes: within the configured 2 s (5 x the median step), every rank
     writes its Python stacks -- the sleeping one, and the one blocked in the all-reduce waiting for it -- and
     the run exits with status 1, long before the sleep would end (the subprocess timeout is 5 minutes)."""
@@ -144,7 +144,7 @@ def test_hang_dumps_every_ranks_stacks_and_exits_nonzero(tmp_path, tiny_world, r
     assert not (run_dir / "checkpoints" / "last.ckpt").exists()  # it never reached the end
 
 
-def test_nan_on_one_of_two_ranks_is_skipped_on_both(tmp_path, tiny_world):  # noqa: F811
+def test_nan_on_one_of_two_ranks_is_skipped_on_both(tmp_path, tiny_world):
     """Rank 1's gradient of step 3 is NaN: both ranks skip the step (one all-reduced decision); the weights
     equal one process with the whole batch whose step-3 update is undone."""
     two = recipe(tmp_path / "two", tiny_world, strategy=DDP, trainer={"devices": 2})

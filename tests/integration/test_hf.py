@@ -335,7 +335,7 @@ def test_from_hf_refuses_bigbird_block_sparse():
 @pytest.fixture(scope="module")
 def full_tokenizer(shipped_corpus, tmp_path_factory):
     """A BPE trained as `pretrain tokenizer` trains one: every special token and sentinel included."""
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.tokenizer import train_bpe
 
     corpus = tmp_path_factory.mktemp("export") / "c.txt"
     corpus.write_text(shipped_corpus.read_text(encoding="utf-8")[:60_000], encoding="utf-8")

@@ -82,7 +82,7 @@ def mean_of_micro_means(objective, micro: int):
 
 
 @pytest.mark.parametrize("kind", ["gpt", "bert", "t5"])
-def test_accumulated_gradient_equals_global_batch_gradient(tmp_path, tiny_world, kind):  # noqa: F811
+def test_accumulated_gradient_equals_global_batch_gradient(tmp_path, tiny_world, kind):
     """2 micro-batches of 2 (accumulated by the Trainer) == 1 batch of 4: sum of token losses / total targets."""
     run, parts, init, grads = fit_one_step(tmp_path, tiny_world, kind, micro=2, k=2)
     objective = parts["module"].objective
@@ -109,7 +109,7 @@ def test_step_groups_tag_each_micro_batch_with_its_step_target_count():
     assert [int(b[STEP_TARGETS]) for b in out] == [3, 3, 4, 4]
 
 
-def test_an_epochs_trailing_incomplete_step_is_skipped_by_the_data_position(tmp_path, tiny_world):  # noqa: F811
+def test_an_epochs_trailing_incomplete_step_is_skipped_by_the_data_position(tmp_path, tiny_world):
     """5 batches per epoch, 2 per step: the position rolls over after the 4th, so the next ``iter()`` (a new
     epoch for the loop) starts the data's next epoch instead of an empty rest of this one."""
     run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, "gpt"))
@@ -132,7 +132,7 @@ def test_an_epochs_trailing_incomplete_step_is_skipped_by_the_data_position(tmp_
     assert not torch.equal(epochs[0][0]["input_ids"], epochs[1][0]["input_ids"])  # another permutation
 
 
-def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_world):  # noqa: F811
+def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_world):
     run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, "t5"))
     parts = prepare_run(run, resolved)
     batch = {
@@ -145,7 +145,7 @@ def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_worl
 
 
 @pytest.mark.parametrize("kind", ["gpt", "bert"])
-def test_sparse_targets_get_target_positions_before_transfer(tmp_path, tiny_world, kind):  # noqa: F811
+def test_sparse_targets_get_target_positions_before_transfer(tmp_path, tiny_world, kind):
     """MLM batches carry the flat indices of their labelled positions (the LM head runs there only; the gathered
     training gradient is checked against the all-positions one above); causal LM targets are dense."""
     run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, kind))
@@ -169,7 +169,7 @@ def test_sparse_targets_get_target_positions_before_transfer(tmp_path, tiny_worl
     )
 
 
-def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
+def test_logged_metrics(tmp_path, tiny_world):
     recipe = tiny_recipe(
         tmp_path,
         tiny_world,
@@ -209,7 +209,7 @@ def test_logged_metrics(tmp_path, tiny_world):  # noqa: F811
     )  # last: val
 
 
-def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):  # noqa: F811
+def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer={"max_steps": 4, "throughput_window": 2})
     run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
@@ -220,7 +220,7 @@ def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):  # noqa: F811
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
-def test_reduced_precisions_train(tmp_path, tiny_world, precision):  # noqa: F811
+def test_reduced_precisions_train(tmp_path, tiny_world, precision):
     """Same seed, data and steps: the bf16 losses follow the fp32 ones (bf16 keeps ~3 significant digits)."""
     losses = {}
     for name in ("32-true", precision):
@@ -250,7 +250,7 @@ def counted(module, forward, calls):
     return forward_and_count
 
 
-def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world):  # noqa: F811
+def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     _, _, _, plain = fit_one_step(tmp_path / "a", tiny_world, "gpt", micro=2, k=1)
@@ -276,7 +276,7 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world)
         torch.testing.assert_close(capture.grads[name], grad, msg=name)
 
 
-def test_compiled_training_matches_eager(tmp_path, tiny_world):  # noqa: F811
+def test_compiled_training_matches_eager(tmp_path, tiny_world):
     """trainer.compile=true on the CPU (inductor, the system C++ compiler): the same losses as eager."""
     losses = {}
     for compiled in (False, True):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from training_utils import (  # noqa: F401
+from training_utils import (
     REPO_ROOT,
     cli_command,
     cli_env,
@@ -60,7 +60,7 @@ def recipe(directory: Path, world, micro_batch_size: int, num_nodes: int = 1, **
 
 
 @pytest.fixture(scope="module")
-def one_process_losses(tmp_path_factory, tiny_world) -> dict[int, float]:  # noqa: F811
+def one_process_losses(tmp_path_factory, tiny_world) -> dict[int, float]:
     directory = tmp_path_factory.mktemp("one")
     run_cli("fit", str(recipe(directory / "r", tiny_world, 4)), cwd=directory)
     return metric_by_step(read_metrics(directory / "run"), "train/loss")
@@ -88,7 +88,7 @@ def check(tmp_path: Path, outputs: list[str], reference: dict[int, float]) -> No
 
 
 @pytest.mark.slow
-def test_torchrun_two_nodes_match_one_process(tmp_path, tiny_world, one_process_losses):  # noqa: F811
+def test_torchrun_two_nodes_match_one_process(tmp_path, tiny_world, one_process_losses):
     path, port = two_nodes(tmp_path, tiny_world), free_port()
     launchers = [
         subprocess.Popen(
@@ -109,7 +109,7 @@ def test_torchrun_two_nodes_match_one_process(tmp_path, tiny_world, one_process_
 
 
 @pytest.mark.slow
-def test_slurm_sbatch_two_nodes_match_one_process(tmp_path, tiny_world, one_process_losses):  # noqa: F811
+def test_slurm_sbatch_two_nodes_match_one_process(tmp_path, tiny_world, one_process_losses):
     path = two_nodes(tmp_path, tiny_world)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

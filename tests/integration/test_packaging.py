@@ -56,12 +56,8 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
         "pretrain/recipes/gpt-tiny.yaml",
         "pretrain/recipes/data/tinyshakespeare.txt",
     } <= names
-    assert {n.split("/")[0] for n in names} == {
-        "pretrain",
-        "objectives",
-        "datamodules",
-        "pretrain-0.1.0.dist-info",
-    }
+    assert {n.split("/")[0] for n in names} == {"pretrain", "pretrain-0.1.0.dist-info"}
+    assert {"pretrain/objectives/clm.py", "pretrain/datamodules/prepare.py"} <= names
 
     venv = tmp_path / "venv"
     python, script = venv_with_these_packages(venv), venv / "bin" / "pretrain"
@@ -78,7 +74,10 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
         [
             python,
             "-c",
-            "import configs, pretrain.config as c; print(c.__file__, c.CONFIG_DIR, c.RECIPE_DIR, configs.WHO)",
+            (
+                "import configs, pretrain.config as c, pretrain.objectives as o; "
+                "print(c.__file__, c.CONFIG_DIR, c.RECIPE_DIR, o.__file__, configs.WHO)"
+            ),
         ],
         cwd=elsewhere,
         env=env,
@@ -86,7 +85,7 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
         text=True,
         check=True,
     ).stdout
-    assert where.count(str(venv)) == 3 and where.split()[-1] == "other", (
+    assert where.count(str(venv)) == 4 and where.split()[-1] == "other", (
         f"the wheel is not what runs: {where}"
     )
     for verb in ("tokenizer", "prepare", "fit"):
@@ -103,16 +102,19 @@ def test_wheel_installs_and_runs_a_shipped_recipe_from_another_directory(tmp_pat
 
 
 def other_project(root):
-    """Another project's top-level ``configs`` and ``recipes`` packages, holding a ``gpt-tiny`` piece and recipe
-    that would fail to compose if we read them."""
+    """Another project's top-level ``configs``, ``recipes``, ``objectives`` and ``datamodules`` packages: a
+    ``gpt-tiny`` piece and recipe that would fail to compose if we read them, and modules that fail if imported."""
     for package in ("configs", "recipes"):
         (root / package / "model").mkdir(parents=True)
         (root / package / "__init__.py").write_text('WHO = "other"\n')
+    for package in ("objectives", "datamodules"):
+        (root / package).mkdir()
+        (root / package / "__init__.py").write_text(f'raise ImportError("another project\'s {package}")\n')
     (root / "configs" / "model" / "gpt-tiny.yaml").write_text("d_model: not-a-number\n")
     (root / "recipes" / "gpt-tiny.yaml").write_text("defaults: [model/none]\n")
     (root / "pyproject.toml").write_text(
         '[project]\nname = "other-configs"\nversion = "1.0"\n'
-        '[tool.setuptools]\npackages = ["configs", "recipes"]\n'
+        '[tool.setuptools]\npackages = ["configs", "recipes", "objectives", "datamodules"]\n'
         '[tool.setuptools.package-data]\nconfigs = ["**/*.yaml"]\nrecipes = ["*.yaml"]\n'
     )
     return root

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pretrain.datamodules.corpus import CorpusStats, batched, iter_documents, resolve_sources
+from pretrain.datamodules.indexed import IndexedDataset
+from pretrain.datamodules.prepare import pack_batch, prepare, read_meta, val_mask
+from pretrain.datamodules.tokenizer import train_bpe
 from tokenizers import Tokenizer, models, pre_tokenizers
-
-from datamodules.corpus import CorpusStats, batched, iter_documents, resolve_sources
-from datamodules.indexed import IndexedDataset
-from datamodules.prepare import pack_batch, prepare, read_meta, val_mask
-from datamodules.tokenizer import train_bpe
 
 TEXT = "first para line one\nline two\n\n \nsecond para\n\n\nthird\n"
 
@@ -59,7 +58,7 @@ def test_document_modes(tmp_path):
 
 
 def test_blocks_do_not_split_documents(tmp_path, monkeypatch):
-    from datamodules import corpus
+    from pretrain.datamodules import corpus
 
     monkeypatch.setattr(corpus, "_BLOCK", 5)  # lines and paragraphs straddle many blocks
     (tmp_path / "a.txt").write_text(TEXT + "a very long line that spans blocks\n")
@@ -95,7 +94,7 @@ def _reference_documents(text: str, mode: str) -> list[str]:
 )
 def test_documents_match_line_definition(tmp_path_factory, text, block, mode):
     """Block-wise splitting equals the per-line definition for any text and block size."""
-    from datamodules import corpus
+    from pretrain.datamodules import corpus
 
     path = tmp_path_factory.mktemp("h") / "t.txt"
     path.write_bytes(text.encode())
@@ -310,9 +309,9 @@ _MEMORY_SCRIPT = textwrap.dedent(
     """
     import re, sys
     from pathlib import Path
-    from datamodules import corpus, indexed
-    from datamodules.prepare import prepare
-    from datamodules.tokenizer import load_tokenizer
+    from pretrain.datamodules import corpus, indexed
+    from pretrain.datamodules.prepare import prepare
+    from pretrain.datamodules.tokenizer import load_tokenizer
 
     corpus._BLOCK, indexed._CHUNK = 1 << 16, 1 << 12  # small buffers: the small corpus already fills them
     tok = load_tokenizer(sys.argv[1])

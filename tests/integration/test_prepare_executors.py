@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pretrain.datamodules.executors import prepare_in_tasks, task_groups
+from pretrain.datamodules.indexed import IndexedDataset
+from pretrain.datamodules.prepare import prepare, split_prefixes
+from pretrain.datamodules.pretrain import PretrainDataModule
 from training_utils import CORPUS, run_cli, tiny_recipe
-
-from datamodules.executors import prepare_in_tasks, task_groups
-from datamodules.indexed import IndexedDataset
-from datamodules.prepare import prepare, split_prefixes
-from datamodules.pretrain import PretrainDataModule
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from pretrain.datamodules.indexed import IndexedDataset
 from training_utils import CORPUS, REPO_ROOT, cli_env, tiny_recipe
-
-from datamodules.indexed import IndexedDataset
 
 
 def source_recipe(tmp_path, world, *sources):
@@ -72,7 +71,7 @@ def test_full_disk_keeps_the_tokenizer_and_names_the_path(tmp_path, tiny_world):
 _LONG_DOC = """
 import re, sys
 from pathlib import Path
-from datamodules.prepare import prepare
+from pretrain.datamodules.prepare import prepare
 prepare(sys.argv[1], sys.argv[2], sys.argv[3], document="file", val_fraction=0, piece_chars=int(sys.argv[4]), progress=False)
 print(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
 """

@@ -7,9 +7,8 @@ import subprocess
 
 import numpy as np
 import pytest
+from pretrain.datamodules.indexed import IndexedDataset
 from training_utils import REPO_ROOT, Background, cli_env, metric_by_step, read_metrics, run_cli
-
-from datamodules.indexed import IndexedDataset
 
 # optimizer steps per recipe (the recipes' own batch and model); the three run side by side
 STEPS = {"gpt-tiny": 60, "t5-tiny": 80, "bert-tiny": 300}

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 import torch
-from training_utils import (  # noqa: F401
+from training_utils import (
     Background,
     fit_and_kill,
     fit_and_signal,
@@ -75,7 +75,7 @@ def check_wandb(run_dir, killed_at: int) -> None:
     ("kind", "accumulate", "optim"),
     [("gpt", 1, "adamw"), ("bert", 2, "adamw"), ("t5", 1, "adamw"), ("gpt", 2, "muon")],
 )
-def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, accumulate, optim):  # noqa: F811
+def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, accumulate, optim):
     wandb = (
         {"logger": {"wandb": {"enabled": True, "group": "g"}}} if (kind, optim) == ("gpt", "adamw") else {}
     )
@@ -106,7 +106,7 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
         check_wandb(tmp_path / "killed" / "run", step)
 
 
-def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_path, tiny_world):  # noqa: F811
+def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_path, tiny_world):
     recipe = resume_recipe(
         tmp_path / "run",
         tiny_world,
@@ -130,7 +130,7 @@ def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, 2])
-def test_extended_then_preempted_run_equals_one_uninterrupted_run(tmp_path, tiny_world, devices):  # noqa: F811
+def test_extended_then_preempted_run_equals_one_uninterrupted_run(tmp_path, tiny_world, devices):
     """A finished 4-step run extended to 16 steps (its end-of-fit checkpoint is mid-epoch) continues the data;
     SIGTERM mid-way (to rank 0 only under DDP: the ranks agree) saves after the step, exits 143 with a resume
     hint, and `resume=auto` finishes. Every launch logs the uninterrupted run's losses; the weights end equal."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pretrain.datamodules.prepare import prepare
 from training_utils import (
     Background,
     fit_and_kill,
@@ -14,8 +15,6 @@ from training_utils import (
     run_cli,
     tiny_recipe,
 )
-
-from datamodules.prepare import prepare
 
 STEPS = 8
 

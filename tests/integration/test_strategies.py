@@ -148,7 +148,7 @@ def group_name(kind: str, k: int, extra: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory, tiny_world):  # noqa: F811
+def matrix(tmp_path_factory, tiny_world):
     """Trains every cell once; ``{group: {strategy: cell directory}}``."""
     root = tmp_path_factory.mktemp("matrix")
     cells, layout = [], {}

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pretrain.objectives.loss import token_cross_entropy
 
-from objectives.loss import token_cross_entropy
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training.compile_compat import CompileCounts, mark_dynamic

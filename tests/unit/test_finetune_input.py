@@ -22,7 +22,7 @@ TINY_BERT = {
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from datamodules.tokenizer import train_bpe
+    from pretrain.datamodules.tokenizer import train_bpe
 
     root = tmp_path_factory.mktemp("ft-input")
     (root / "corpus.txt").write_text("a good film, a bad plot, quite dull, really lovely\n" * 50)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
-from datamodules.finetune import MarkPadding, PaddedExamples, ShardSampler, TrainOrder
+from pretrain.datamodules.finetune import MarkPadding, PaddedExamples, ShardSampler, TrainOrder
 
 
 @given(size=st.integers(1, 200), world=st.integers(1, 9))

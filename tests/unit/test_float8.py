@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchao
 
 from pretrain import config
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training.float8 import convert_to_float8
 
-import torchao  # noqa: F401  (installed by make install: the float8 extra)
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -8,9 +8,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
+from pretrain.objectives.glove import GloVe, cooccurrence, glove_weight
 
-from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
-from objectives.glove import GloVe, cooccurrence, glove_weight
 from pretrain.models.word_vectors import GloVeModel, WordVectors, word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 from shards import write_shard
-
-from datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 
 
 def _parse_idx_by_spec(path):
@@ -61,7 +60,7 @@ def test_round_trip(tmp_path_factory, docs, wide):
 
 
 def test_streamed_index_across_blocks(tmp_path, monkeypatch):
-    import datamodules.indexed as mod
+    import pretrain.datamodules.indexed as mod
 
     monkeypatch.setattr(mod, "_CHUNK", 7)  # force many streamed blocks in finalize()
     rng = np.random.default_rng(0)

@@ -152,6 +152,7 @@ def mup_config(width: int, **kw) -> ModelConfig:
 def test_mup_adamw_groups_equal_the_mup_package():
     """Per-parameter learning rate and weight decay equal mup.MuAdam's after mup.set_base_shapes (reference)."""
     import mup  # the reference (make install installs it)
+
     model = Transformer(mup_config(256))
     base, delta = Transformer(mup_config(64)), Transformer(mup_config(128))
     mup.set_base_shapes(model, base, delta=delta, rescale_params=False, do_assert=False)  # no MuReadout

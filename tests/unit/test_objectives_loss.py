@@ -8,8 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 from objective_data import build
-
-from objectives.loss import IGNORE_INDEX, token_cross_entropy
+from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 
 
 def random_batch(seed: int, B: int = 4, T: int = 7, V: int = 11, keep: float = 0.5):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from objective_data import packed_batch, rebuild, sentinel_set, tiny_tokenizer
 
-import objectives
+from pretrain import objectives
 
 
 def t5_random_spans_helper(inputs_length, noise_density, mean_noise_span_length):
@@ -129,7 +129,7 @@ def span_lengths(mask: np.ndarray) -> np.ndarray:
 def test_noise_statistics_match_t5():
     """Density and mean span length, and the span-length distribution and noise position profile are
     those of a NumPy port of T5's algorithm (two-sample, within 3 sigma)."""
-    from objectives.span_corruption import random_spans_noise_mask
+    from pretrain.objectives.span_corruption import random_spans_noise_mask
 
     B, L, density, mean_span = 4000, 100, 0.15, 3.0
     ours = random_spans_noise_mask(

@@ -13,10 +13,10 @@ import pytest
 from filelock import FileLock
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pretrain.datamodules.prepare import Encoder, prepare, split_pieces
+from pretrain.datamodules.tokenizer import load_tokenizer
 from training_utils import CORPUS, tiny_recipe
 
-from datamodules.prepare import Encoder, prepare, split_pieces
-from datamodules.tokenizer import load_tokenizer
 from pretrain.cli import main
 
 
@@ -117,7 +117,7 @@ _TOKENIZER = []
 
 def _tok():
     if not _TOKENIZER:
-        from datamodules.tokenizer import train_bpe
+        from pretrain.datamodules.tokenizer import train_bpe
 
         _TOKENIZER.append(train_bpe([CORPUS], 600, show_progress=False))
     return _TOKENIZER[0]
@@ -136,7 +136,7 @@ def test_exact_dedup_drops_repeats_and_keeps_the_others_split(capsys, tmp_path, 
     assert deduped["duplicates_dropped"] == plain["documents"] - unique
     assert sum(s["documents"] for s in deduped["splits"].values()) == unique
     # the first occurrences are the plain build's first documents, in the same split (positions are kept)
-    from datamodules.indexed import IndexedDataset
+    from pretrain.datamodules.indexed import IndexedDataset
 
     for split in ("train", "val"):
         kept = [d.tolist() for d in IndexedDataset(tmp_path / "dedup" / split)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pretrain.objectives.loss import token_cross_entropy
 
-from objectives.loss import token_cross_entropy
 from pretrain.models.beam_search import beam_search
 from pretrain.models.generation import generate
 from pretrain.models.rnn import (

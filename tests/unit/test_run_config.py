@@ -127,7 +127,7 @@ def test_objective_names_are_the_pretraining_objectives_of_the_registry():
     """``ObjectiveName`` (the one list of names) is exactly ``objectives.OBJECTIVES`` minus the word-vector ones."""
     import typing
 
-    import objectives
+    from pretrain import objectives
     from pretrain.config.run import ObjectiveName
 
     assert set(typing.get_args(ObjectiveName)) == set(objectives.OBJECTIVES) - {"sgns"}

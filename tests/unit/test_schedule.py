@@ -1,4 +1,4 @@
-"""Mixture schedules (``datamodules.schedule``): the per-step apportionment, the stream as a pure function of
+"""Mixture schedules (``pretrain.datamodules.schedule``): the per-step apportionment, the stream as a pure function of
 (seed, position), exact resume across a phase boundary (1 and 2 ranks), tokens per source, bad schedules."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pretrain.datamodules.dataset import PackedDataset
+from pretrain.datamodules.pretrain import PretrainDataModule
+from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend, step_counts
 from shards import write_shard
 
-from datamodules.dataset import PackedDataset
-from datamodules.pretrain import PretrainDataModule
-from datamodules.schedule import MixtureSchedule, ScheduledBlend, step_counts
 from pretrain import config
 
 L = 8  # raw tokens per sample (seq_len 7 + 1 with the causal objective below)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
+from pretrain.objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
 
-from datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
-from objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
 from pretrain.models.word_vectors import Word2Vec, WordVectors, word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

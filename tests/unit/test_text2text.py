@@ -6,15 +6,14 @@ import gzip
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-
-from datamodules.text2text import (
+from pretrain.datamodules.text2text import (
     IGNORE_INDEX,
     Text2TextCollate,
     Text2TextDataModule,
     glue_pairs,
     parallel_pairs,
 )
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 
 def write(path, text):

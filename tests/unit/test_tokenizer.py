@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import regex
-
-from datamodules.special_tokens import all_special_tokens
-from datamodules.tokenizer import (
+from pretrain.datamodules.special_tokens import all_special_tokens
+from pretrain.datamodules.tokenizer import (
     check_tokenizer,
     load_gpt2_files,
     load_tokenizer,

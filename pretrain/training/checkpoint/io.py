@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-
-from datamodules.storage import STORAGE_ERRNOS, replace_path
+from pretrain.datamodules.storage import STORAGE_ERRNOS, replace_path
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
 # A sharded checkpoint is a directory holding METADATA (the Lightning checkpoint without weights and optimizer
