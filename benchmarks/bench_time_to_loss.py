@@ -79,7 +79,7 @@ FAST_OPTIM = {
     "min_lr_ratio": 0.0,
 }
 # the fast recipe's batch and schedule on Tiny Shakespeare (README "Muon, muP and the fast recipe")
-FAST_BATCH, FAST_ITERS, MUON_LR, FAST_ADAM_LR = 48, 500, 0.03, 6e-3
+FAST_BATCH, FAST_ITERS, MUON_LR, FAST_ADAM_LR = 48, 250, 0.03, 6e-3
 
 
 @dataclass
@@ -377,25 +377,15 @@ def shakespeare(args: argparse.Namespace, work: Path) -> dict:
         eval_every=args.fast_eval_every,
         optim=fast_optim(args),
     )
-    runs, ratios = {}, {"adamw wall": [], "fast wall": [], "adamw cpu": [], "fast cpu": []}
-    for seed in args.seeds:
-        nano = runs[f"nanogpt-{seed}"] = run_nanogpt(nanogpt, args, work, seed)
-        target = nano["final_val"]
+    runs = {}
+    for seed in args.seeds:  # one round per seed: nanoGPT, then ours (--only picks the runs of this process)
+        if "nanogpt" in args.only:
+            runs[f"nanogpt-{seed}"] = run_nanogpt(nanogpt, args, work, seed)
         for kind, side in (("adamw", baseline), ("fast", fast)):
-            if kind == "adamw" and seed not in args.baseline_seeds:
-                continue
-            run = runs[f"{kind}-{seed}"] = run_pretrain(
-                side, work, f"shakespeare-{kind}-{seed}", 1337 + seed, args.threads
-            )
-            hit, hit_cpu = time_to(run["curve"], target), time_to(run["cpu_curve"], target)
-            ratios[f"{kind} wall"].append(hit[0] / nano["wall"] if hit else float("inf"))
-            ratios[f"{kind} cpu"].append(hit_cpu[0] / nano["cpu"] if hit else float("inf"))
-    return {
-        "target": next(iter(runs.values()))["final_val"],
-        "runs": runs,
-        "ratios": ratios,
-        "reference": "nanoGPT",
-    }
+            if kind in args.only and (kind == "fast" or seed in args.baseline_seeds):
+                name = f"shakespeare-{kind}-{seed}"
+                runs[f"{kind}-{seed}"] = run_pretrain(side, work, name, 1337 + seed, args.threads)
+    return {"runs": runs, "reference": "nanoGPT"}
 
 
 def wikitext(args: argparse.Namespace, work: Path) -> dict | None:
@@ -426,26 +416,41 @@ def wikitext(args: argparse.Namespace, work: Path) -> dict | None:
         optim=fast_optim(args),
         model={"tie_embeddings": True},
     )
-    runs, ratios = {}, {"fast steps": [], "fast wall": [], "fast cpu": []}
+    runs = {}
     for seed in args.seeds:
-        base = runs[f"adamw-{seed}"] = run_pretrain(
-            baseline, work, f"wikitext-adamw-{seed}", 1337 + seed, args.threads
-        )
-        run = runs[f"fast-{seed}"] = run_pretrain(
-            fast, work, f"wikitext-fast-{seed}", 1337 + seed, args.threads
-        )
-        target, (t_base, s_base) = base["curve"][-1][2], base["curve"][-1][:2]
-        hit = time_to(run["curve"], target)
-        hit_cpu = time_to(run["cpu_curve"], target)
-        ratios["fast steps"].append(hit[1] / s_base if hit else float("inf"))
-        ratios["fast wall"].append(hit[0] / t_base if hit else float("inf"))
-        ratios["fast cpu"].append(hit_cpu[0] / base["cpu_curve"][-1][0] if hit else float("inf"))
-    return {
-        "target": next(iter(runs.values()))["curve"][-1][2],
-        "runs": runs,
-        "ratios": ratios,
-        "reference": "AdamW",
-    }
+        for kind, side in (("adamw", baseline), ("fast", fast)):
+            if kind in args.only:
+                name = f"wikitext-{kind}-{seed}"
+                runs[f"{kind}-{seed}"] = run_pretrain(side, work, name, 1337 + seed, args.threads)
+    return {"runs": runs, "reference": "AdamW"}
+
+
+def with_ratios(suite: str, report: dict) -> dict:
+    """Per seed, ours to the reference's final validation loss: wall and CPU seconds over the reference's
+    (shakespeare: nanoGPT's run of the same round, else of the first; wikitext: the AdamW run of the same
+    seed), and samples (optimizer steps x batch; on WikiText-2 the batch is equal: the ratio of steps).
+    inf: the target was not reached."""
+    runs = report["runs"]
+    refs = sorted(k for k in runs if k.startswith("nanogpt" if suite == "shakespeare" else "adamw"))
+    if not refs:
+        return {**report, "target": float("nan"), "ratios": {}}
+    kinds = ("adamw", "fast") if suite == "shakespeare" else ("fast",)
+    ratios = {f"{k} {unit}": [] for k in kinds for unit in ("wall", "cpu", "samples")}
+    for name in sorted(runs):
+        kind, seed = name.rsplit("-", 1)
+        if kind not in kinds:
+            continue
+        ref = runs.get(f"{refs[0].rsplit('-', 1)[0]}-{seed}", runs[refs[0]])
+        target = ref["final_val"] if suite == "shakespeare" else ref["curve"][-1][2]
+        run = runs[name]
+        hit, hit_cpu = time_to(run["curve"], target), time_to(run["cpu_curve"], target)
+        ref_cpu = ref["cpu"] if suite == "shakespeare" else ref["cpu_curve"][-1][0]
+        ratios[f"{kind} wall"].append(hit[0] / ref["curve"][-1][0] if hit else float("inf"))
+        ratios[f"{kind} cpu"].append(hit_cpu[0] / ref_cpu if hit else float("inf"))
+        samples = ref["curve"][-1][1] * ref.get("batch", 12)
+        ratios[f"{kind} samples"].append(hit[1] * run["batch"] / samples if hit else float("inf"))
+    target = runs[refs[0]]["final_val"] if suite == "shakespeare" else runs[refs[0]]["curve"][-1][2]
+    return {**report, "target": target, "ratios": ratios}
 
 
 def plot(reports: dict[str, dict], out: Path) -> None:
@@ -488,15 +493,13 @@ def seeds(text: str) -> list[int]:
 
 def merge(parts: list[dict[str, dict]]) -> dict[str, dict]:
     """Several ``--json`` outputs (e.g. one per seed, run in parallel) as one report: runs and per-seed ratios
-    joined, the first part's target."""
+    joined."""
     out: dict[str, dict] = {}
     for part in parts:
         for suite, report in part.items():
             if suite not in out:
-                out[suite] = {**report, "runs": {}, "ratios": {k: [] for k in report["ratios"]}}
+                out[suite] = {**report, "runs": {}}
             out[suite]["runs"].update(report["runs"])
-            for kind, ratios in report["ratios"].items():
-                out[suite]["ratios"][kind] += ratios
     return out
 
 
@@ -532,25 +535,31 @@ def main() -> None:
     p.add_argument(
         "--baseline-seeds", type=seeds, default=[0], help="shakespeare: seeds of our AdamW baseline"
     )
+    p.add_argument(
+        "--only",
+        type=lambda t: t.split(","),
+        default=["nanogpt", "adamw", "fast"],
+        help="the runs of this process (e.g. fast), to run sides in parallel processes and --merge",
+    )
     p.add_argument("--merge", type=Path, nargs="+", help="report and plot these --json outputs together")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--iters", type=int, default=2000, help="nanoGPT's and our AdamW baseline's")
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--fast-batch", type=int, default=FAST_BATCH)
     p.add_argument("--fast-iters", type=int, default=FAST_ITERS)
-    p.add_argument("--fast-eval-every", type=int, default=25)
+    p.add_argument("--fast-eval-every", type=int, default=20)
     p.add_argument("--muon-lr", type=float, default=MUON_LR)
     p.add_argument("--fast-adam-lr", type=float, default=FAST_ADAM_LR)
     p.add_argument("--ns-steps", type=int, default=5)
     p.add_argument("--wt-vocab", type=int, default=2048)
     p.add_argument("--wt-seq", type=int, default=128)
-    p.add_argument("--wt-batch", type=int, default=16)
-    p.add_argument("--wt-steps", type=int, default=600)
+    p.add_argument("--wt-batch", type=int, default=12)
+    p.add_argument("--wt-steps", type=int, default=400)
     p.add_argument(
         "--wt-fast-fraction", type=float, default=0.5, help="the fast run's steps / the baseline's"
     )
-    p.add_argument("--wt-eval-every", type=int, default=25)
-    p.add_argument("--wt-val-tokens", type=int, default=65536)
+    p.add_argument("--wt-eval-every", type=int, default=20)
+    p.add_argument("--wt-val-tokens", type=int, default=32768)
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "time_to_loss.png")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--reuse-nanogpt", action="store_true", help="reuse the nanoGPT runs found in --work")
@@ -571,6 +580,7 @@ def main() -> None:
         for suite in [] if args.merge else suites:
             if (report := {"shakespeare": shakespeare, "wikitext": wikitext}[suite](args, work)) is not None:
                 reports[suite] = report
+    reports = {suite: with_ratios(suite, report) for suite, report in reports.items()}
     for suite, report in reports.items():
         print("\n".join(report_lines(suite, report)), flush=True)
     if reports:
