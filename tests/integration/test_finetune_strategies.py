@@ -203,6 +203,10 @@ def test_finetuned_classifier_exports_to_transformers(runs, tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     batch = tokenizer(["the film was good", "a really awful plot"], padding=True, return_tensors="pt")
     assert batch["attention_mask"].min() == 0  # padded
+    first, *_, last = tokenizer.convert_ids_to_tokens(tokenizer("the film was good")["input_ids"])
+    assert (first, last) == ("<cls>", "<sep>")  # the run's template: encoded as in training
     with torch.no_grad():
         ours = model(batch["input_ids"], batch["attention_mask"])
         torch.testing.assert_close(hf(**batch).logits, ours, rtol=1e-5, atol=1e-5)
+    (label,) = transformers.pipeline("text-classification", model=str(tmp_path / "hf"))("a lovely film")
+    assert label["label"] in ("0", "1")  # the README's command works on the export
