@@ -208,6 +208,8 @@ def test_bad_recipes_fail_before_training(corpus, capsys):
         load_config("recipes/seq2seq-attn-reverse.yaml", ["baselines.task=parallel"])
     with pytest.raises(ValueError, match="one device"):
         load_config("recipes/lstm-lm-tiny.yaml", ["trainer.devices=2"])
+    with pytest.raises(ValueError, match="strategy.name=deepspeed: baselines train on one device"):
+        load_config("recipes/lstm-lm-tiny.yaml", ["strategy.name=deepspeed"])
     with pytest.raises(ValueError, match="vocabulary is empty after min-count filtering"):
         run_recipe("recipes/glove-tiny.yaml", small(corpus, "glove-empty", "baselines.min_count=1000000"))
     with pytest.raises(ValueError, match="train with objective clm"):
