@@ -267,15 +267,23 @@ def _check_export_target(out_dir: Path, force: bool) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pretrain.finetuning.export import export_finetuned, is_finetuned
     from pretrain.models.hf import save_hf
+    from pretrain.training.checkpoint import consolidate, read
     from pretrain.training.checkpoint.convert import load_model
 
-    if not Path(args.checkpoint).exists():
+    path = Path(args.checkpoint)
+    if not path.exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
     _check_export_target(Path(args.out_dir), args.force)
-    model, info, tokenizer = load_model(args.checkpoint)
-    special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
-    out = save_hf(model, args.out_dir, tokenizer, special_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        single = consolidate(path, Path(tmp) / "consolidated.ckpt")  # a file is returned as it is
+        if is_finetuned(read(single, mmap=True)):  # `pretrain finetune`: a head or text-to-text, LoRA merged
+            out = export_finetuned(single, args.out_dir)
+        else:
+            model, info, tokenizer = load_model(single)
+            special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
+            out = save_hf(model, args.out_dir, tokenizer, special_tokens)
     print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
     return 0
 
