@@ -212,11 +212,6 @@ def _check_training(cfg: FinetuneConfig) -> None:
             )
     if cfg.strategy.name == "deepspeed" and cfg.guards.spike.enabled:
         raise ValueError("guards.spike is not supported with strategy deepspeed; use strategy ddp / fsdp")
-    if cfg.strategy.name in ("fsdp", "deepspeed") and cfg.decoding.strategy == "beam":
-        raise ValueError(
-            f"decoding.strategy=beam is not supported under strategy {cfg.strategy.name} (sharded ranks must "
-            "decode in step and beam search stops per rank); use greedy or sample, or strategy ddp"
-        )
 
 
 def _check_lora(cfg: FinetuneConfig) -> None:

@@ -181,8 +181,8 @@ class Text2TextModule(_FinetuneBase):
         return self._step_mean(loss * world, batch_idx)
 
     def _all_ranks_finished(self) -> Any:
-        """Decoding stops when every rank's rows have: each step is a forward pass, a collective when the
-        model is sharded (FSDP, ZeRO-3); one code path for every strategy."""
+        """Decoding (greedy, sampled or beam) stops when every rank's has: each step is a forward pass, a
+        collective when the model is sharded (FSDP, ZeRO-3); one code path for every strategy."""
         if self.trainer.world_size == 1:
             return None
 
