@@ -128,11 +128,11 @@ def run_cli(
 class Background:
     """``pretrain *args`` running in the background (e.g. a reference run next to the one under test)."""
 
-    def __init__(self, *args: str, log: Path):
+    def __init__(self, *args: str, log: Path, **env: str):
         self.args, self.log = args, log
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
-                cli_command(*args), cwd=REPO_ROOT, env=cli_env(), stdout=out, stderr=subprocess.STDOUT
+                cli_command(*args), cwd=REPO_ROOT, env=cli_env(**env), stdout=out, stderr=subprocess.STDOUT
             )
 
     def wait(self, timeout: float = 600) -> None:
