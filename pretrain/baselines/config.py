@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pretrain import config
 from pretrain.config import RunConfig, SourceConfig
-from pretrain.config.run import check_checkpoint
 from pretrain.models.rnn import RNNConfig, Seq2SeqConfig
 from pretrain.objectives.sgns import check_counts
 
@@ -128,7 +127,6 @@ def load_config(
     baseline = config.structured(BASELINES[section["kind"]], section, "baselines")
     if run.trainer.devices != 1 or run.trainer.num_nodes != 1:
         raise ValueError("baselines train on one device; set trainer.devices=1 trainer.num_nodes=1")
-    check_checkpoint(run.checkpoint)  # the best-k mode (no objective to check the monitor against)
     if run.strategy.name in ("fsdp", "deepspeed"):
         raise ValueError(
             f"strategy.name={run.strategy.name}: baselines train on one device, with nothing to shard; "
