@@ -54,7 +54,7 @@ from pretrain.datamodules.corpus import (
     resolve_sources,
 )
 from pretrain.datamodules.hashing import splitmix64
-from pretrain.datamodules.indexed import IndexedWriter, token_dtype
+from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 from pretrain.datamodules.storage import atomic_write_text, exclusive, naming, replace_path
 from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
 from tokenizers import Tokenizer
@@ -258,6 +258,11 @@ def split_prefixes(prepared_dir: str | os.PathLike, split: str) -> list[Path]:
     directory = Path(prepared_dir)
     shards = read_meta(directory).get("shards") if (directory / META_FILE).is_file() else None
     return [directory / f"{split}-{s}" for s in shards] if shards else [directory / split]
+
+
+def shard_tokens(prepared_dir: str | os.PathLike, split: str) -> list[np.ndarray]:
+    """The (memory-mapped) token arrays of ``split``'s shards (``split_prefixes``), in stream order."""
+    return [IndexedDataset(p).tokens for p in split_prefixes(prepared_dir, split)]
 
 
 def _complete(directory: Path, meta: dict) -> bool:

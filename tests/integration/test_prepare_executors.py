@@ -135,6 +135,12 @@ def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path
         dm.setup("fit")
         batches.append([b["input_ids"] for b, _ in zip(dm.train_dataloader(), range(6))])
     assert all(np.array_equal(a, b) for a, b in zip(*batches, strict=True))
+    # and so do the baselines (LSTM, word vectors): the single-process token stream
+    from pretrain.baselines.data import split_tokens
+
+    for split in ("train", "val"):
+        expected = np.asarray(IndexedDataset(single_here / split).tokens, dtype=np.int64)
+        assert np.array_equal(split_tokens([out], split), expected)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ gives the documents and counters of the file read whole, for every convention th
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from hypothesis import HealthCheck, given, settings
@@ -57,7 +58,7 @@ def test_text_ranges_cut_at_document_starts_read_as_the_whole_file(
     assert all(0 < c < len(data) and data[c - 1 : c] == b"\n" for c in cuts)  # line starts inside the file
     bounds = [0, *cuts, None]
     docs, stats = [], CorpusStats()
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         part, part_stats = read(Source("text", str(path), start=start, end=end), document, policy)
         docs += part
         for k in ("documents", "skipped_empty", "invalid_utf8_lines", "bytes_read", "null_texts"):
