@@ -13,7 +13,8 @@ Validation split. The position of a document in the input stream is ``(f, i)``: 
 file among the resolved inputs and its ordinal ``i`` among that file's non-blank documents. It goes to ``val``
 iff ``u(f, i) < val_fraction`` with ``u = splitmix64(i + splitmix64(seed ^ f * 0x9E37...)) / 2**64``:
 deterministic, independent of batching, stable when documents or files are appended, and computable by a
-task that reads only some files (``pretrain.datamodules.executors``), so every task count gives the same split.
+task that reads only some files or a byte range of one, given the number of documents before it
+(``pretrain.datamodules.executors``), so every task count gives the same split.
 
 ``dedup="exact"`` drops a document whose text (BLAKE2b-128 of its UTF-8) equals an earlier one's in stream
 order; a dropped document keeps its position, so the others' split does not change.
