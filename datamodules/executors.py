@@ -105,9 +105,10 @@ def task_pieces(
     runs = []
     for (fa, oa), (fb, ob) in itertools.pairwise(cuts):
         last = fb if ob > 0 else fb - 1
-        runs.append(
-            [Piece(f, oa if f == fa else 0, ob if f == fb else None) for f in range(fa, min(last, n - 1) + 1)]
-        )
+        pieces = [
+            Piece(f, oa if f == fa else 0, ob if f == fb else None) for f in range(fa, min(last, n - 1) + 1)
+        ]
+        runs.append([p for p in pieces if p.end is None or p.end > p.start])  # two cuts at one start: empty
     return runs
 
 
