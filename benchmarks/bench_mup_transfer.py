@@ -162,9 +162,8 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     args.base = args.base or widths[0]
     lrs = [float(x) for x in args.lrs.split(",")]
-    train, val = corpus(args.data, args.vocab)
-    print(
-        f"WikiText-2: {len(train):,} training / {len(val):,} held-out tokens (BPE {args.vocab})", flush=True
+    data: tuple[np.ndarray, np.ndarray] | None = (
+        None  # tokenized on the first run (none: summary and plot only)
     )
     saved = json.loads(args.json.read_text()) if args.json and args.json.is_file() else {}
     if saved and saved.get("lrs") != lrs:
@@ -178,8 +177,14 @@ def main() -> None:
                 if bracketed(losses, args.rise):
                     losses.append(math.nan)  # not run: the minimum is already bracketed
                     continue
+                if data is None:
+                    data = corpus(args.data, args.vocab)
+                    print(
+                        f"WikiText-2: {len(data[0]):,} training / {len(data[1]):,} held-out tokens",
+                        flush=True,
+                    )
                 start, cpu = time.monotonic(), time.process_time()
-                losses.append(train_one(parametrization, width, lr, args, train, val))
+                losses.append(train_one(parametrization, width, lr, args, *data))
                 key = f"{parametrization}/{width}"
                 seconds[key] = seconds.get(key, 0.0) + time.monotonic() - start
                 print(

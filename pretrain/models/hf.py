@@ -527,15 +527,20 @@ def from_hf(hf_model: Any) -> Transformer:
 def standard_equivalent(model: Transformer) -> Transformer:
     """``model`` under standard parametrization, computing the same function: muP's multipliers folded into the
     weights. Attention q k^T / d_h = (d_h^-1/2 q) k^T / sqrt(d_h): the query rows (or the q_norm gain) times
-    d_h^-1/2. Logits W (t / m) + b: with BERT's head transform t = LN(x) g + beta, into its norm
-    (g / m, beta / m; a tied head stays tied, the encoder's outputs are unchanged); otherwise (W / m) h, the LM
+    d_h^-1/2. Logits W (t / m) + b with t = norm(x) g + beta: into that norm (g / m, beta / m) -- BERT's head
+    transform (the encoder's outputs unchanged), or a tied T5's final decoder norm (its decoder states scale by
+    1/m; tied so that transformers' re-tying, e.g. in lm-eval, cannot swap the head); otherwise (W / m) h, the LM
     head times 1/m, untied from the embedding when it was tied. Returns ``model`` itself under standard
     parametrization."""
     cfg = model.config
     if cfg.parametrization == "standard":
         return model
     m, tied = cfg.width_mult, cfg.tie_embeddings and cfg.lm_head
-    into_head = cfg.lm_head and model.mlm_transform is None
+    if model.mlm_transform is not None:
+        into_norm = "mlm_transform.norm"
+    else:
+        into_norm = "decoder.norm" if tied and cfg.arch == "encoder-decoder" else None
+    into_head = cfg.lm_head and into_norm is None
     folded = Transformer(
         dataclasses.replace(
             cfg, parametrization="standard", tie_embeddings=cfg.tie_embeddings and (m == 1.0 or not into_head)
@@ -547,7 +552,7 @@ def standard_equivalent(model: Transformer) -> Transformer:
             state["lm_head.weight"] = state["embed.tok.weight"].clone()
         state["lm_head.weight"] /= m
     elif cfg.lm_head:
-        for key in ("mlm_transform.norm.weight", "mlm_transform.norm.bias"):
+        for key in (f"{into_norm}.weight", f"{into_norm}.bias"):
             if key in state:
                 state[key] /= m
     if cfg.attn_scale == "default":
