@@ -163,7 +163,7 @@ def test_stepping_past_the_stop_changes_nothing():
     for k, lp, es in SETTINGS:
         stops: list[bool] = []
 
-        def other_rank_busy(stop: torch.Tensor) -> bool:
+        def other_rank_busy(stop: torch.Tensor, stops: list[bool] = stops) -> bool:
             stops.append(bool(stop))
             return False  # never: the search runs to max_new_tokens
 
