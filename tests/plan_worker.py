@@ -1,5 +1,5 @@
 """One rank of ``test_plan.py``'s sharded check: two real training steps of a recipe under DDP and under FSDP2
-(the project's ``shard_blocks``) on gloo, their per-rank peak by torch's memory tracker on real tensors, next
+(``plan.shard``, as training shards) on gloo, their per-rank peak by torch's memory tracker on real tensors, next
 to ``pretrain plan``'s estimate for the same strategy. Writes ``OUT/rank<r>.json``.
 
     python tests/plan_worker.py RECIPE OUT [key=value ...]     (RANK, WORLD_SIZE, MASTER_* in the environment)
@@ -8,6 +8,7 @@ to ``pretrain plan``'s estimate for the same strategy. Writes ``OUT/rank<r>.json
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,10 +25,11 @@ def measure(run, strategy: str, world: int) -> int:
     from pretrain.training import plan
     from pretrain.training.memory_compat import trace_peak
     from pretrain.training.optim import build_optimizer
-    from pretrain.training.strategies import shard_model
 
     torch.manual_seed(0)
-    model, placeholder = plan.build(run, False)  # the tracker registers its optimizer hooks globally
+    model = plan.build(run, False)[0]
+    # the tracker registers its optimizer hooks globally; this optimizer must not keep the unsharded parameters
+    placeholder = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
     batch = plan.synthetic_batch(run, run.data.micro_batch_size)
     wrapped: dict = {}
 
@@ -36,7 +38,7 @@ def measure(run, strategy: str, world: int) -> int:
             if strategy == "ddp":
                 wrapped["model"] = DistributedDataParallel(model)
             else:
-                shard_model(model, init_device_mesh("cpu", (world,)))
+                plan.shard(model, run, init_device_mesh("cpu", (world,)))
                 wrapped["model"] = model
             wrapped["optimizer"] = build_optimizer(model, run.optim)
         plan.train_step(wrapped["model"], wrapped["optimizer"], batch, run.trainer.precision)
@@ -48,14 +50,15 @@ def main(recipe: str, out: str, overrides: list[str]) -> None:
     from pretrain import config
     from pretrain.training import plan
 
-    dist.init_process_group("gloo")
-    world = dist.get_world_size()
+    world = int(os.environ["WORLD_SIZE"])
     run, _ = config.load(recipe, overrides)
-    estimate = plan.trace(run, run.data.micro_batch_size, False)
+    B = run.data.micro_batch_size
+    single, sharded = plan.trace(run, B, False), plan.trace(run, B, False, world)  # before the real group
+    dist.init_process_group("gloo")
     result = {
         strategy: {
             "measured": measure(run, strategy, world),
-            "estimate": plan.per_gpu(estimate, strategy, world, run)["total"],
+            "estimate": plan.per_gpu(single, strategy, world, run, sharded)["total"],
         }
         for strategy in ("ddp", "fsdp")
     }

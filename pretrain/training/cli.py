@@ -26,8 +26,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print("".join(f"# {line}\n" for line in optimizer_groups(run).splitlines()), end="")
         return 0
     from pretrain.errors import RankDied, peer_gone
+    from pretrain.training import lightning_compat  # first: Lightning without torchmetrics' extras
     from pretrain.training.checkpoint.resume import check_resumable
-    from pretrain.training.lightning_compat import dead_ranks
     from pretrain.training.preemption import Interrupted
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
@@ -54,7 +54,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     except Exception as err:
         if not peer_gone(err):  # a collective failed: name the rank that died
             raise
-        raise RankDied(dead_ranks(trainer), trainer.global_rank, err) from err
+        raise RankDied(lightning_compat.dead_ranks(trainer), trainer.global_rank, err) from err
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
@@ -140,6 +140,7 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
     run, resolved = config.load(args.recipe, overrides)
+    from pretrain.training import lightning_compat  # noqa: F401  (first: Lightning without torchmetrics' extras)
     from pretrain.training.checkpoint.resume import strategy_reads
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer

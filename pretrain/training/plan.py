@@ -66,6 +66,7 @@ class StepMemory:
     activations: int  # activations and backward temporaries alive at the peak
     peak: int  # everything at the peak
     largest_unit: int  # parameters of the largest FSDP unit (a block, or the root's embeddings and head)
+    gathered: int = 0  # FSDP: unsharded parameters (all-gather outputs) alive at the peak
 
 
 def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]:
@@ -116,7 +117,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, 
     optimizer.zero_grad(set_to_none=True)
 
 
-def build(run: RunConfig, checkpointing: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(run: RunConfig, checkpointing: bool, mesh: Any = None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The recipe's model and optimizer; with a device ``mesh``, the model sharded by :func:`shard` first."""
     from pretrain.models.transformer import Transformer
     from pretrain.training.optim import build_optimizer
 
@@ -125,7 +127,19 @@ def build(run: RunConfig, checkpointing: bool) -> tuple[nn.Module, torch.optim.O
     model.gradient_checkpointing = checkpointing
     if run.trainer.precision == "bf16-true":
         model = model.to(torch.bfloat16)
+    if mesh is not None:
+        shard(model, run, mesh)
     return model, build_optimizer(model, run.optim, amp=run.trainer.precision.endswith("-mixed"))
+
+
+def shard(model: nn.Module, run: RunConfig, mesh: Any) -> None:
+    """FSDP2 as ``strategy.fsdp`` shards in training: the project's ``shard_model`` on the LightningModule that
+    holds ``model`` (each block, then the whole model as one unit: a tied LM head stays tied), resharding after
+    forward unless ``sharding_strategy=SHARD_GRAD_OP``."""
+    from pretrain.training.strategies import shard_model
+
+    holder = nn.ModuleDict({"model": model})  # the LightningModule's place
+    shard_model(holder, mesh, reshard_after_forward=run.strategy.fsdp.sharding_strategy != "SHARD_GRAD_OP")
 
 
 def largest_unit(model: nn.Module) -> int:
@@ -138,32 +152,43 @@ def largest_unit(model: nn.Module) -> int:
     return max([root, *(sum(p.nbytes for p in b.parameters()) for b in blocks)])
 
 
-def trace(run: RunConfig, micro_batch: int, checkpointing: bool) -> StepMemory:
-    """Two training steps of the recipe at ``micro_batch`` on fake tensors, measured by torch's MemTracker."""
-    from pretrain.training.memory_compat import fake_mode, trace_peak
+def trace(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1) -> StepMemory:
+    """Two training steps of the recipe at ``micro_batch`` on fake tensors, measured by torch's MemTracker.
+    ``gpus > 1``: under FSDP2 (the project's ``shard_model``, as ``strategy.fsdp`` shards) on a fake process
+    group of that many ranks, as rank 0 sees it: ``params`` are its shards, ``gathered`` the unsharded
+    parameters FSDP2 holds at the peak (all-gather outputs of the current and the prefetched unit)."""
+    from pretrain.training.memory_compat import fake_mode, fake_process_group, trace_peak
 
     batch = synthetic_batch(run, micro_batch)  # real (small) integer tensors, made outside the fake mode
-    with fake_mode() as mode:
-        model, optimizer = build(run, checkpointing)
+    group = fake_process_group(gpus) if gpus > 1 else contextlib.nullcontext()
+    with group as mesh, fake_mode() as mode:
+        model, optimizer = build(run, checkpointing, mesh)
         fake = {k: mode.from_tensor(v) for k, v in batch.items()}
         snap = trace_peak(model, optimizer, lambda: train_step(model, optimizer, fake, run.trainer.precision))
         unit = largest_unit(model)
-        all_grads = sum(p.nbytes for p in model.parameters() if p.requires_grad)
+        local = {p: getattr(p, "_local_tensor", p) for p in model.parameters()}  # a DTensor's shard
+        all_grads = sum(t.nbytes for p, t in local.items() if p.requires_grad)
+        held = snap["params"] if mesh is None else sum(t.nbytes for t in local.values())
     return StepMemory(
-        params=snap["params"], grads=snap["grads"], all_grads=all_grads, optimizer=snap["optimizer"],
-        activations=snap["activations"], peak=snap["total"], largest_unit=unit,
+        params=held, grads=snap["grads"], all_grads=all_grads, optimizer=snap["optimizer"],
+        activations=snap["activations"], peak=snap["total"], largest_unit=unit, gathered=snap["params"] - held,
     )  # fmt: skip
 
 
-def per_gpu(step: StepMemory, strategy: str, gpus: int, run: RunConfig) -> dict[str, int]:
-    """Per-GPU bytes of ``step`` under ``strategy`` on ``gpus`` ranks (the module docstring's table)."""
+def per_gpu(
+    step: StepMemory, strategy: str, gpus: int, run: RunConfig, sharded: StepMemory | None = None
+) -> dict:
+    """Per-GPU bytes under ``strategy`` on ``gpus`` ranks (the module docstring's table), from the single-device
+    trace ``step`` and, for FSDP, the trace ``sharded`` of FSDP2 itself on ``gpus`` fake ranks."""
     n, P, G, O, A, U = gpus, step.params, step.grads, step.optimizer, step.activations, step.largest_unit
+    if strategy.startswith("fsdp"):
+        s = sharded or step
+        offload = strategy.endswith("offload")  # shards, their gradients and the optimizer live on the CPU
+        parts = {"params": 0 if offload else s.params, "grads": 0 if offload else s.grads,
+                 "optimizer": 0 if offload else s.optimizer, "comm": s.gathered}  # fmt: skip
+        return {**parts, "activations": s.activations, "total": sum(parts.values()) + s.activations}
     if strategy == "ddp":
         parts = {"params": P, "grads": G, "optimizer": O, "comm": step.all_grads}
-    elif strategy == "fsdp":
-        parts = {"params": P // n, "grads": G // n, "optimizer": O // n, "comm": 3 * U}
-    elif strategy == "fsdp-offload":
-        parts = {"params": 0, "grads": 0, "optimizer": 0, "comm": 3 * U}
     else:
         stage = int(strategy[4])
         half = run.trainer.precision.startswith(("bf16", "16")) and run.trainer.precision != "bf16-true"
@@ -197,9 +222,10 @@ def plan(run: RunConfig, gpus: int, gpu_memory: int) -> list[PlanRow]:
     rows = []
     for checkpointing in (False, True):
         at, twice = trace(run, B, checkpointing), trace(run, 2 * B, checkpointing)
+        sharded = trace(run, B, checkpointing, gpus) if gpus > 1 else at
         per_sample = max(1, (twice.peak - at.peak) // B)  # bytes the peak grows by per sample
         for strategy in STRATEGIES:
-            parts = per_gpu(at, strategy, gpus, run)
+            parts = per_gpu(at, strategy, gpus, run, sharded)
             room = int(HEADROOM * gpu_memory) - parts["total"]
             most = B + room // per_sample if room >= 0 else B - -(-room // per_sample)
             rows.append(PlanRow(strategy, checkpointing, parts, max(0, most)))

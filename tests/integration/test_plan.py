@@ -47,7 +47,8 @@ def test_checkpointing_lowers_activations_and_sharding_lowers_the_per_gpu_total(
         assert on.parts["activations"] < off.parts["activations"]
         assert on.max_micro_batch > off.max_micro_batch > 4
     ddp, fsdp = rows["ddp", False].parts, rows["fsdp", False].parts
-    assert fsdp["params"] == ddp["params"] // 4 and fsdp["optimizer"] == ddp["optimizer"] // 4
+    assert fsdp["params"] == ddp["params"] // 4  # FSDP2 traced on 4 fake ranks: rank 0's shards
+    assert fsdp["optimizer"] == pytest.approx(ddp["optimizer"] / 4, rel=0.01)  # AdamW's step counts: whole
     assert rows["zero3-offload", False].parts["optimizer"] == 0
 
 
@@ -65,9 +66,8 @@ def test_cli_prints_the_table_and_refuses_a_bad_size_in_one_line(capsys):
 
 def test_sharded_rows_against_a_two_rank_gloo_run(tmp_path):
     """DDP and FSDP2 (the project's ``shard_model``) on 2 gloo ranks, real tensors: DDP's row (the single-device
-    trace + the reducer's bucket copy of the gradients) is within 15 % of the measured per-rank peak; FSDP's row
-    is below DDP's measured peak as sharding makes it, and within 25 % of its own measured peak (the
-    README states the gap: the row underestimates it)."""
+    trace + the reducer's bucket copy of the gradients) and FSDP's (FSDP2 itself traced on 2 fake ranks) are
+    each within 15 % of the measured per-rank peak, FSDP's below DDP's as sharding makes it."""
     import json
 
     from training_utils import run_ranks
@@ -79,4 +79,4 @@ def test_sharded_rows_against_a_two_rank_gloo_run(tmp_path):
         ddp, fsdp = result["ddp"], result["fsdp"]
         assert ddp["estimate"] == pytest.approx(ddp["measured"], rel=0.15)
         assert fsdp["measured"] < ddp["measured"] and fsdp["estimate"] < ddp["estimate"]
-        assert fsdp["estimate"] == pytest.approx(fsdp["measured"], rel=0.25)
+        assert fsdp["estimate"] == pytest.approx(fsdp["measured"], rel=0.15)
