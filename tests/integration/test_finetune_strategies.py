@@ -61,30 +61,13 @@ def _eos_prone_t5(files: Path) -> Path:
     """A random transformers T5 on the tokenizer's vocabulary whose LM head often prefers EOS (its row leans
     along the mean row): beam searches (early_stopping=True) stop after 2-8 steps depending on the sources, so
     the two ranks' searches finish apart and only ``all_finished`` keeps their forwards paired."""
-    import transformers
+    from model_zoo import random_hf_t5
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(files / "tokenizer.json"))
     eos, pad = tokenizer.token_to_id("</s>"), tokenizer.token_to_id("<pad>")
-    torch.manual_seed(0)
-    config = transformers.T5Config(
-        vocab_size=TINY["vocab_size"],
-        d_model=32,
-        d_kv=16,
-        d_ff=64,
-        num_layers=2,
-        num_heads=2,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-        dropout_rate=0.0,
-        decoder_start_token_id=pad,
-        eos_token_id=eos,
-        pad_token_id=pad,
-    )
-    model = transformers.T5ForConditionalGeneration(config)
+    model = random_hf_t5(TINY["vocab_size"], eos, pad, d_kv=16, d_ff=64, num_heads=2, dropout_rate=0.0)
     with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0)
         head = model.lm_head.weight
         head[eos] = 4.0 * head[eos + 100]
         head[eos] += 2.0 * head.mean(0) / head.mean(0).norm() * head.norm(dim=1).mean()  # along the mean row
