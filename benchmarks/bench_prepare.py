@@ -21,7 +21,7 @@ repeated to ``--size-mb``; the tokenizer is GPT-2's (else a BPE trained on the s
 
     python benchmarks/bench_prepare.py [--size-mb 16] [--repeats 3] [--tokenizer PATH]
 
-``--growth 100,1000 --tasks 1,2`` measures cost as the corpus grows: the text (paragraphs shuffled by a fixed
+``--growth 100,1000 --tasks 1,2 [--methods prepare,executor,datatrove]`` measures cost as the corpus grows: the text (paragraphs shuffled by a fixed
 seed, as JSONL in 8 files so tasks have files to split) tokenized by ``prepare(num_workers=N)``,
 ``prepare_in_tasks`` (datatrove local executor, N tasks) and datatrove's own ``JsonlReader`` ->
 ``DocumentTokenizer`` (N tasks, no shuffling) with the same tokenizer and EOS. Each run is a fresh process;
@@ -133,6 +133,11 @@ def main() -> None:
     parser.add_argument("--scaling", default=None, help="comma list of worker counts, e.g. 1,2")
     parser.add_argument("--growth", default=None, help="comma list of corpus sizes in MB, e.g. 100,1000")
     parser.add_argument("--tasks", default="1,2", help="--growth: worker / task counts")
+    parser.add_argument(
+        "--methods",
+        default="prepare,executor,datatrove",
+        help="--growth: which of prepare,executor,datatrove",
+    )
     parser.add_argument(
         "--one", nargs=4, metavar=("METHOD", "CORPUS_DIR", "TOKENIZER", "N"), help=argparse.SUPPRESS
     )
@@ -331,7 +336,7 @@ def growth(args) -> None:
             corpus.mkdir()
             written = write_jsonl_corpus(corpus, size)
             for n in counts:
-                for method in ("prepare", "executor", "datatrove"):
+                for method in args.methods.split(","):
                     env = {**os.environ, "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
                     proc = subprocess.run(
                         [sys.executable, __file__, "--one", method, str(corpus), str(tokenizer_file), str(n)],

@@ -24,6 +24,11 @@ paragraph breaks kept. Plain text is split by ``document``:
 Leading and trailing blank lines of a document are trimmed; whitespace-only documents are skipped and
 counted.
 
+Byte ranges: a ``Source`` with ``start``/``end`` reads only the documents that start in ``[start, end)`` of an
+uncompressed text (``line``/``blank_line``) or JSONL file, when both ends are document starts
+(``document_start``); the documents of consecutive ranges are, in order, those of the whole file. Other
+conventions (``file``, ``separator:S``, ``heading:R``), Parquet and gzipped files are read whole.
+
 Invalid UTF-8 (``on_invalid_utf8``): ``"error"`` raises ``ValueError`` naming file and line;
 ``"replace"`` decodes the line with U+FFFD; ``"skip"`` drops the line (JSONL: the record). Both are
 counted in ``CorpusStats`` and reported with the first location.
@@ -70,19 +75,26 @@ _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?(:[\w.-]+)?$")
 @dataclass(frozen=True)
 class Source:
     """One input: ``kind`` in {"text", "jsonl", "parquet", "hf_disk", "hf_hub"}, its path or name, and
-    the split read from a ``datasets`` dataset."""
+    the split read from a ``datasets`` dataset; ``start``/``end`` (bytes, ``end=None``: the file's end) and
+    ``first_line`` (the line number at ``start``, for messages) select a byte range of a splittable file."""
 
     kind: str
     location: str
     split: str = "train"
+    start: int = 0
+    end: int | None = None
+    first_line: int = 1
 
     @property
     def size(self) -> int:
-        """Bytes on disk (0 for a hub dataset, whose size is unknown before download)."""
+        """Bytes on disk, of the range when it has one (0 for a hub dataset, unknown before download)."""
         if self.kind == "hf_hub":
             return 0
         path = Path(self.location)
-        return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in _files_under(path))
+        if path.is_file():
+            end = path.stat().st_size if self.end is None else self.end
+            return end - self.start
+        return sum(p.stat().st_size for p in _files_under(path))
 
     def stat(self) -> tuple[int, int] | None:
         """``(bytes, newest modification time in ns)`` of the file(s) on disk; None for a hub dataset."""
@@ -232,17 +244,83 @@ def _decode_block(
     return "\n".join(lines)
 
 
+def splittable(source: Source, document: str) -> bool:
+    """Whether ``source`` can be read in byte ranges (see the module doc)."""
+    if source.location.endswith(".gz") or not Path(source.location).is_file():
+        return False
+    return source.kind == "jsonl" or (source.kind == "text" and document in ("line", "blank_line"))
+
+
+def _is_blank(line: bytes) -> bool:
+    try:
+        return line.decode("utf-8").isspace() or not line
+    except UnicodeDecodeError:
+        return False
+
+
+def _is_text(line: bytes) -> bool:
+    try:
+        return not line.decode("utf-8").isspace() and bool(line)
+    except UnicodeDecodeError:
+        return False
+
+
+def document_start(source: Source, offset: int, document: str) -> int | None:
+    """The first byte offset ``>= offset`` (and > 0) of the file ``source`` where a document starts such that
+    reading the file in ranges cut there gives its documents unchanged; None if there is none before the end
+    or the file is not ``splittable``. ``line`` and JSONL: a line start. ``blank_line``: the start of a
+    (valid UTF-8, non-whitespace) line that follows a whitespace-only line. Reads from ``offset`` only as far
+    as needed."""
+    if not splittable(source, document):
+        return None
+    blank_line = source.kind == "text" and document == "blank_line"
+    with open(source.location, "rb") as f:
+        f.seek(max(offset - 1, 0))
+        if offset > 0:
+            _skip_line(
+                f, b""
+            )  # the rest of the line holding offset - 1: the next line starts at or after offset
+        previous_blank = False
+        while True:
+            start = f.tell()
+            head = f.readline(_HEAD)  # a line's first bytes decide (bounded memory for long lines)
+            if not head:
+                return None
+            if start > 0 and (not blank_line or (previous_blank and _is_text(head.rstrip(b"\n")))):
+                return start
+            previous_blank = head.endswith(b"\n") and _is_blank(head[:-1])
+            _skip_line(f, head)
+
+
+_HEAD = 1 << 16
+
+
+def _skip_line(f, head: bytes) -> None:
+    """Read on to the start of the next line (``head``: what was read of this one)."""
+    while not head.endswith(b"\n") and (head := f.readline(_HEAD)):
+        pass
+
+
 def _iter_text_blocks(
-    path: str, policy: str, stats: CorpusStats, keep_line_numbers: bool = False
+    path: str,
+    policy: str,
+    stats: CorpusStats,
+    keep_line_numbers: bool = False,
+    span: tuple[int, int | None, int] = (0, None, 1),
 ) -> Iterator[tuple[str, int]]:
-    """A (possibly gzipped) file as decoded blocks of whole lines (each but the last ends with a newline),
-    with the number of each block's first line; ``stats.bytes_read`` advances by bytes consumed on disk."""
+    """A (possibly gzipped) file, or the byte range ``span = (start, end, first line number)`` of a plain one,
+    as decoded blocks of whole lines (each but the last ends with a newline), with the number of each
+    block's first line; ``stats.bytes_read`` advances by bytes consumed on disk."""
+    start, end, line_no = span
     with open(path, "rb") as raw:
         f = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
-        line_no, rest, consumed = 1, b"", 0
+        if start:
+            raw.seek(start)
+        rest, consumed = b"", start
         while True:
+            want = _BLOCK if end is None else min(_BLOCK, end - consumed)
             try:
-                block = f.read(_BLOCK)
+                block = f.read(want) if want > 0 else b""
             except (EOFError, gzip.BadGzipFile, zlib.error) as err:
                 raise ValueError(
                     f"{path}: truncated or corrupt gzip file ({err}); download or compress it again"
@@ -316,9 +394,13 @@ def _trim_blank_lines(document: str) -> str:
     return _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", document, count=1), count=1)
 
 
-def _text_documents(path: str, document: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+def _span(source: Source) -> tuple[int, int | None, int]:
+    return source.start, source.end, source.first_line
+
+
+def _text_documents(source: Source, document: str, policy: str, stats: CorpusStats) -> Iterator[str]:
     mode, separator = document_mode(document)
-    blocks = (text for text, _ in _iter_text_blocks(path, policy, stats))
+    blocks = (text for text, _ in _iter_text_blocks(source.location, policy, stats, span=_span(source)))
     if mode in ("separator", "heading"):
         yield from map(_trim_blank_lines, _separated_documents(blocks, separator, heading=mode == "heading"))
         return
@@ -353,8 +435,11 @@ def _record_text(record: object, text_field: str, where: str) -> str | None:
     return value
 
 
-def _jsonl_documents(path: str, text_field: str, policy: str, stats: CorpusStats) -> Iterator[str]:
-    for text, first_line in _iter_text_blocks(path, policy, stats, keep_line_numbers=True):
+def _jsonl_documents(source: Source, text_field: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+    path = source.location
+    for text, first_line in _iter_text_blocks(
+        path, policy, stats, keep_line_numbers=True, span=_span(source)
+    ):
         for line_no, line in enumerate(text.split("\n"), first_line):
             if not line or line.isspace():
                 continue
@@ -422,9 +507,9 @@ def iter_documents(
             stats.empty_sources.append(source.location)
             continue
         if source.kind == "text":
-            docs = _text_documents(source.location, document, on_invalid_utf8, stats)
+            docs = _text_documents(source, document, on_invalid_utf8, stats)
         elif source.kind == "jsonl":
-            docs = _jsonl_documents(source.location, text_field, on_invalid_utf8, stats)
+            docs = _jsonl_documents(source, text_field, on_invalid_utf8, stats)
         elif source.kind == "parquet":
             docs = _parquet_documents(source.location, text_field, stats)
         else:

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import numpy as np
 from pretrain.datamodules.corpus import (
@@ -60,6 +60,9 @@ from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 FORMAT_VERSION = 2  # 2: the validation split is keyed by (file, document in file)
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
@@ -67,6 +70,25 @@ DEDUP_MODES = ("none", "exact")
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 PIECE_CHARS = 1 << 16  # longer documents are encoded in pieces of about this many characters
+
+
+class CorpusSettings(TypedDict, total=False):
+    """The keywords of ``plan`` that shape the corpus (and its cache key); ``prepare`` and
+    ``pretrain.datamodules.executors.prepare_in_tasks`` take them as they are."""
+
+    val_fraction: float
+    seed: int
+    document: str
+    text_field: str
+    split: str
+    on_invalid_utf8: str
+    eos_token: str | None
+    dedup: Literal["none", "exact"]
+
+
+def text_digest(text: str) -> bytes:
+    """The content hash ``dedup="exact"`` compares: BLAKE2b-128 of the UTF-8 of ``text``."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def val_mask(
@@ -384,13 +406,14 @@ def stale_reason(prepared_dir: str | os.PathLike, inputs, tokenizer, **settings)
     return reason
 
 
-def _documents_with_keys(
-    sources: Sequence[Source], first_file: int, plan_: Plan, stats: CorpusStats
+def documents_with_keys(
+    sources: Sequence[Source], positions: Sequence[tuple[int, int]], settings: dict, stats: CorpusStats
 ) -> Iterator[tuple[int, int, str]]:
-    """``(file ordinal, document ordinal in the file, text)`` of every non-blank document of ``sources``."""
-    kwargs = {k: plan_.settings[k] for k in ("document", "text_field", "on_invalid_utf8")}
-    for f, source in enumerate(sources, first_file):
-        for i, doc in enumerate(iter_documents([source], stats=stats, **kwargs)):
+    """``(file ordinal, document ordinal in the file, text)`` of every non-blank document of ``sources``;
+    ``positions[k]`` is ``(file ordinal, ordinal of its first document)`` of ``sources[k]``."""
+    kwargs = {k: settings[k] for k in ("document", "text_field", "on_invalid_utf8")}
+    for source, (f, first) in zip(sources, positions, strict=True):
+        for i, doc in enumerate(iter_documents([source], stats=stats, **kwargs), first):
             yield f, i, doc
 
 
@@ -411,7 +434,7 @@ def _batches(
     chars = 0
     for f, i, doc in keyed:
         if dedup:
-            digest = hashlib.blake2b(doc.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+            digest = text_digest(doc)
             if digest in seen:
                 counts["duplicates"] += 1
                 continue
@@ -434,7 +457,7 @@ def build_shard(
     suffix: str,
     plan_: Plan,
     sources: Sequence[Source],
-    first_file: int = 0,
+    positions: Sequence[tuple[int, int]] | None = None,
     *,
     batch_docs: int = 1024,
     batch_chars: int = 1 << 20,
@@ -443,16 +466,18 @@ def build_shard(
     progress: bool = False,
     skip: set[tuple[int, int]] | None = None,
 ) -> tuple[dict, CorpusStats, int]:
-    """Tokenize ``sources`` (files ``first_file, first_file + 1, ...`` of the plan) into ``train{suffix}`` and
-    ``val{suffix}`` in ``directory``: returns the split counts, the reading counters and the number of exact
-    duplicates dropped. ``skip``: ``(file, ordinal)`` positions to drop (duplicates found across tasks)."""
+    """Tokenize ``sources`` into ``train{suffix}`` and ``val{suffix}`` in ``directory``: returns the split
+    counts, the reading counters and the number of exact duplicates dropped. ``positions``: see
+    ``documents_with_keys`` (default: files ``0, 1, ...`` of the plan, read whole). ``skip``: the
+    ``(file, ordinal)`` positions to drop, when duplicates were found across tasks (then no other is dropped)."""
     stats = CorpusStats()
     counts = {"duplicates": 0}
-    keyed = _documents_with_keys(sources, first_file, plan_, stats)
+    positions = positions if positions is not None else [(f, 0) for f in range(len(sources))]
+    keyed = documents_with_keys(sources, positions, plan_.settings, stats)
     if skip:
         keyed = _skipping(keyed, skip, counts)
     keys: collections.deque = collections.deque()
-    dedup = plan_.settings["dedup"] == "exact"
+    dedup = plan_.settings["dedup"] == "exact" and skip is None
     batches = _batches(keyed, keys, batch_docs, batch_chars, dedup, counts)
     encoder = Encoder(plan_.tokenizer, piece_chars)
     if num_workers > 0:
@@ -563,28 +588,22 @@ def prepare(
     tokenizer: str | os.PathLike | Tokenizer,
     out_dir: str | os.PathLike,
     *,
-    val_fraction: float = 0.01,
-    seed: int = 0,
-    document: str = "blank_line",
-    text_field: str = "text",
-    split: str = "train",
-    on_invalid_utf8: str = "error",
-    eos_token: str | None = None,
-    dedup: Literal["none", "exact"] = "none",
     batch_docs: int = 1024,
     batch_chars: int = 1 << 20,
     num_workers: int = 0,
     piece_chars: int = PIECE_CHARS,
     progress: bool = True,
     force: bool = False,
+    **settings: Unpack[CorpusSettings],
 ) -> dict:
     """Tokenize ``inputs`` into ``out_dir`` (see module doc) and return its ``meta.json`` contents.
 
-    ``tokenizer``: a path for ``load_tokenizer`` or a ``tokenizers.Tokenizer``. ``eos_token``: appended to
-    every document; default ``</s>``, else ``<|endoftext|>``. ``document``/``text_field``/``split``/
-    ``on_invalid_utf8``: how documents are read (``pretrain.datamodules.corpus``). ``dedup``: ``"exact"`` drops repeated
-    documents. ``batch_docs``/``batch_chars`` bound one tokenization batch, ``piece_chars`` one piece of a long
-    document, hence peak memory. ``num_workers``: tokenizing processes (0: this process, with the encoder's
+    ``tokenizer``: a path for ``load_tokenizer`` or a ``tokenizers.Tokenizer``. ``settings`` (``plan``'s
+    keywords): ``eos_token`` is appended to every document (default ``</s>``, else ``<|endoftext|>``);
+    ``document``/``text_field``/``split``/``on_invalid_utf8``: how documents are read
+    (``pretrain.datamodules.corpus``); ``dedup``: ``"exact"`` drops repeated documents;
+    ``val_fraction``/``seed``: the validation split. ``batch_docs``/``batch_chars`` bound one tokenization
+    batch, ``piece_chars`` one piece of a long document, hence peak memory. ``num_workers``: tokenizing processes (0: this process, with the encoder's
     threads); the output does not depend on it. ``force`` rebuilds even when the cache is valid.
     The returned dict also says ``cache_hit`` (True when the existing directory was reused as is).
     """
@@ -595,16 +614,6 @@ def prepare(
     if num_workers < 0:
         raise ValueError(f"num_workers={num_workers} must be >= 0 (0 tokenizes in this process)")
     out_dir = Path(out_dir).expanduser()
-    settings = {
-        "val_fraction": val_fraction,
-        "seed": seed,
-        "document": document,
-        "text_field": text_field,
-        "split": split,
-        "on_invalid_utf8": on_invalid_utf8,
-        "eos_token": eos_token,
-        "dedup": dedup,
-    }
     with exclusive(out_dir, "`pretrain prepare`"):
         plan_ = plan(inputs, tokenizer, previous=previous_meta(out_dir), **settings)
         old = reuse_or_clear(out_dir, plan_, force)

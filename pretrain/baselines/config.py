@@ -127,5 +127,10 @@ def load_config(
     baseline = config.structured(BASELINES[section["kind"]], section, "baselines")
     if run.trainer.devices != 1 or run.trainer.num_nodes != 1:
         raise ValueError("baselines train on one device; set trainer.devices=1 trainer.num_nodes=1")
+    if run.strategy.name in ("fsdp", "deepspeed"):
+        raise ValueError(
+            f"strategy.name={run.strategy.name}: baselines train on one device, with nothing to shard; "
+            "drop the strategy (strategy.name=auto)"
+        )
     resolved = {k: v for k, v in config.to_dict(run).items() if k not in ("model", "resume")}  # unused here
     return run, baseline, {**resolved, "baselines": dataclasses.asdict(baseline)}

@@ -32,9 +32,12 @@ class BaselineModule(L.LightningModule):
         self.step_loss: StepLoss | None = None  # the running optimizer step's loss (read by the guards)
 
     def on_train_start(self) -> None:
+        from pretrain.training.lightning_compat import engine_divides_by_accumulation
+
         world = self.trainer.world_size
         reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
-        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice=False)
+        twice = engine_divides_by_accumulation(self.trainer.strategy)
+        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice)
 
     def sums(self, batch: dict[str, Tensor], training: bool) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -82,7 +85,7 @@ def token_sums(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
 def fit(
     run: RunConfig, resolved: dict[str, Any], module: BaselineModule, datamodule: L.LightningDataModule
 ) -> L.Trainer:
-    """Seed, build the run's Trainer (``pretrain.training.trainer.build_trainer``) and fit ``module``, resuming as
+    """Build the run's Trainer (``pretrain.training.trainer.build_trainer``) and fit ``module``, resuming as
     ``run.resume`` says (``auto``: the run's newest valid checkpoint). A resume restores weights, optimizer and
     step; the data position exactly where the datamodule keeps a state (SGNS's ``PretrainDataModule``), else the
     data order restarts at its beginning."""
@@ -93,7 +96,6 @@ def fit(
     ckpt = resume_path(run)
     if ckpt is not None:
         check_same_model(read(ckpt, mmap=True).get("state_dict", {}), module.state_dict(), ckpt)
-    L.seed_everything(run.seed, verbose=False)
     trainer = build_trainer(run, resolved)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     return trainer

@@ -17,7 +17,10 @@ RUNS = {"sgns": run_sgns, "glove": run_glove, "rnn_lm": run_rnn_lm, "seq2seq": r
 
 def run_recipe(recipe: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train and evaluate a baseline recipe; returns (and writes to ``<run_dir>/results.json``) its results."""
+    import lightning as L
+
     run, baseline, resolved = load_config(recipe, overrides)
+    L.seed_everything(run.seed, verbose=False)  # before the baseline builds its model: the seed fixes the init
     results = {"name": run.name, "kind": baseline.kind, **RUNS[baseline.kind](run, baseline, resolved)}
     path = Path(run.run_dir) / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -222,7 +222,10 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for arg in (a for a in args if a is not type(None)):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own message (e.g. the choices of a Literal)
+            return check_type(value, options[0], path)
+        for arg in options:
             try:
                 return check_type(value, arg, path)
             except ValueError:

@@ -211,8 +211,48 @@ class LoggerConfig:
 @dataclass
 class CheckpointConfig:
     every_n_steps: int = 200
-    save_top_k: int = 2  # best by validation loss, besides `last`
+    save_top_k: int = 2  # best by `monitor`, besides `last`
     monitor: str = "val/loss"
+    mode: Literal["min", "max"] | None = (
+        None  # None: from the metric's name (loss, ppl: min; accuracy, f1: max)
+    )
+
+
+LOWER_IS_BETTER = frozenset({"loss", "ppl", "perplexity", "nll", "bpb", "bpc", "error", "err", "wer", "cer"})
+HIGHER_IS_BETTER = frozenset(
+    {
+        "accuracy",
+        "acc",
+        "f1",
+        "mcc",
+        "bleu",
+        "exact_match",
+        "em",
+        "rouge",
+        "auc",
+        "pearson",
+        "spearman",
+        "precision",
+        "recall",
+        "correlation",
+    }
+)
+
+
+def check_checkpoint(c: CheckpointConfig) -> None:
+    """``checkpoint.mode`` set when unset, from the monitored metric's name; ValueError when the name does not
+    tell whether higher or lower is better."""
+    if c.mode is not None or c.save_top_k <= 0:
+        return
+    leaf = c.monitor.rsplit("/", 1)[-1].lower()
+    words = {leaf, *leaf.replace("-", "_").split("_")}
+    lower, higher = bool(words & LOWER_IS_BETTER), bool(words & HIGHER_IS_BETTER)
+    if lower == higher:
+        raise ValueError(
+            f"checkpoint.mode: cannot tell from the name whether a higher or lower {c.monitor!r} is better; set "
+            "checkpoint.mode=max or checkpoint.mode=min"
+        )
+    c.mode = "min" if lower else "max"
 
 
 @dataclass

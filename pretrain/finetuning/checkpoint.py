@@ -51,7 +51,7 @@ def save_finetuned(path: Path, checkpoint: Path) -> None:
         saved = read(consolidate(checkpoint, Path(tmp) / "consolidated.ckpt"))
     info = saved[PAYLOAD]
     state = model_state(saved)
-    if info["finetune"].get("lora"):
+    if info["finetune"].get("lora") and any(".lora_" in k for k in state):  # not merged yet
         state = _merged_lora(state, info)
     torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}, PAYLOAD: info}, path)
 

@@ -25,6 +25,7 @@ from pretrain.config.run import (
     StrategyConfig,
     TrainerConfig,
     WandbConfig,
+    check_checkpoint,
     check_optim,
 )
 from pretrain.models.config import ModelConfig
@@ -196,6 +197,7 @@ def _with_finetune_defaults(raw: dict[str, Any]) -> dict[str, Any]:
 def _check_training(cfg: FinetuneConfig) -> None:
     """The Trainer sections (shared with `pretrain fit`) as finetuning uses them."""
     check_optim(cfg.optim)
+    check_checkpoint(cfg.checkpoint)
     t = cfg.trainer
     names = ("max_steps", "val_check_interval", "log_every_n_steps", "devices", "num_nodes")
     for name in (*names, "accumulate_grad_batches"):
@@ -210,11 +212,6 @@ def _check_training(cfg: FinetuneConfig) -> None:
             )
     if cfg.strategy.name == "deepspeed" and cfg.guards.spike.enabled:
         raise ValueError("guards.spike is not supported with strategy deepspeed; use strategy ddp / fsdp")
-    if cfg.strategy.name in ("fsdp", "deepspeed") and cfg.decoding.strategy == "beam":
-        raise ValueError(
-            f"decoding.strategy=beam is not supported under strategy {cfg.strategy.name} (sharded ranks must "
-            "decode in step and beam search stops per rank); use greedy or sample, or strategy ddp"
-        )
 
 
 def _check_lora(cfg: FinetuneConfig) -> None:

@@ -19,7 +19,8 @@ def decode_targets(
     all_finished: Callable[[Tensor], bool] | None = None,
 ) -> Tensor:
     """Generated target tokens (B, n) for the sources of ``batch`` (pad after EOS): greedy, sampling or beam.
-    ``all_finished``: when to stop greedy/sampled decoding (``pretrain.models.generation.generate``)."""
+    ``all_finished``: when to stop (``pretrain.models.generation.generate``, ``pretrain.models.beam_search``):
+    sharded ranks agree, so that every rank runs the same forwards."""
     from pretrain.models.beam_search import beam_search
     from pretrain.models.generation import generate
 
@@ -34,6 +35,7 @@ def decode_targets(
             early_stopping=cfg.early_stopping,
             eos_token_id=eos,
             pad_token_id=pad,
+            all_finished=all_finished,
             **source,
         )
         return out.sequences[:, 1:]

@@ -55,9 +55,12 @@ class _FinetuneBase(L.LightningModule):
         self.flops_per_batch = cache[S, T] * B
 
     def on_train_start(self) -> None:
+        from pretrain.training.lightning_compat import engine_divides_by_accumulation
+
         world = self.trainer.world_size
         reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
-        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice=False)
+        twice = engine_divides_by_accumulation(self.trainer.strategy)
+        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice)
 
     def _step_mean(self, mean: Tensor, batch_idx: int) -> Tensor:
         """Record a micro-batch's mean loss (over the ranks' mean: ``mean`` of every rank averages to it) for the
@@ -66,21 +69,13 @@ class _FinetuneBase(L.LightningModule):
         assert step is not None
         if batch_idx % k == 0:
             step.begin(torch.tensor(k, device=mean.device))
-        return step.add_mean(mean) * self.backward_scale()
+        return step.add_mean(mean)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from pretrain.training.checkpoint import PAYLOAD
 
         if self.payload is not None:
             checkpoint[PAYLOAD] = self.payload
-
-    def backward_scale(self) -> int:
-        """DeepSpeed's engine divides the loss by the accumulation steps once more than Lightning does
-        (``lightning_compat.engine_divides_by_accumulation``): multiply it back."""
-        from pretrain.training.lightning_compat import engine_divides_by_accumulation
-
-        k = self.trainer.accumulate_grad_batches
-        return k if engine_divides_by_accumulation(self.trainer.strategy) else 1
 
 
 def _mask_padding(labels: Tensor, real: Tensor | None) -> Tensor:
@@ -186,8 +181,8 @@ class Text2TextModule(_FinetuneBase):
         return self._step_mean(loss * world, batch_idx)
 
     def _all_ranks_finished(self) -> Any:
-        """Decoding stops when every rank's rows have: each step is a forward pass, a collective when the
-        model is sharded (FSDP, ZeRO-3); one code path for every strategy."""
+        """Decoding (greedy, sampled or beam) stops when every rank's has: each step is a forward pass, a
+        collective when the model is sharded (FSDP, ZeRO-3); one code path for every strategy."""
         if self.trainer.world_size == 1:
             return None
 

@@ -86,9 +86,10 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
 
     parts = build_parts(cfg)
     module, datamodule = parts["module"], parts["datamodule"]
-    module.payload = finetune_payload(
-        cfg, module.model, parts["tokenizer"], parts["roles"], parts["label_names"]
-    )
+    # a head's checkpoints carry the tokenizer with the run's template and truncation: exported, it encodes as
+    # training did (`[CLS] A [SEP]` ...); text-to-text keeps the backbone's
+    tokenizer = parts["tokenizer"] if cfg.head.kind == "text2text" else datamodule.tokenizer
+    module.payload = finetune_payload(cfg, module.model, tokenizer, parts["roles"], parts["label_names"])
     ckpt = resume_path(cfg)
     if ckpt is not None:
         check_resumable(cfg.strategy.name, ckpt)

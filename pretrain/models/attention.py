@@ -174,7 +174,10 @@ class MaskInputs:
         )
 
 
-_FLEX = torch.compile(flex_attention, dynamic=False)
+@functools.cache
+def _compiled_flex() -> Callable:
+    """flex_attention compiled on first use (compiling imports the inductor: ~1 CPU-s a process need not pay)."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class AttentionMask:
@@ -250,7 +253,7 @@ def attend(
     1/sqrt(d_h)."""
     gqa = k.shape[1] != q.shape[1]
     if mask is not None and mask.flex:
-        kernel = flex_attention if torch.compiler.is_compiling() else _FLEX
+        kernel = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
         return kernel(q, k, v, mask.score_mod, mask.block_mask, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(
         q,

@@ -11,13 +11,16 @@ Axes: B batch, K beams, V vocabulary, P prompt length (decoder side), L = P + ma
    ``s / n ** length_penalty`` (n = generated tokens, EOS included); the pool keeps its K best;
 5. stop when no running beam can still beat the pool's worst hypothesis (``early_stopping=False``: estimated at the
    current length; ``"never"``: at L when length_penalty > 0), when every pool is full (``early_stopping=True``),
-   or when every candidate is done.
+   or when every candidate is done. ``all_finished`` lets data-parallel ranks of a sharded model (FSDP2, ZeRO-3)
+   agree on that stop, so that every rank runs the same forwards: a rank whose rows have stopped keeps stepping,
+   which changes nothing (no running beam can enter a full pool: every new candidate scores ``NEG``).
 
 The result is the pool's best hypotheses, padded to the longest returned one with ``pad_token_id``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -98,13 +101,15 @@ def beam_search(
     attention_mask: Tensor | None = None,
     encoder_input_ids: Tensor | None = None,
     encoder_attention_mask: Tensor | None = None,
+    all_finished: Callable[[Tensor], bool] | None = None,
 ) -> BeamSearchOutput:
     """Beam search from ``input_ids`` (decoder-only prompt, left-padded where ``attention_mask`` is 0) or from
     ``encoder_input_ids`` (encoder-decoder; ``input_ids`` = decoder prefix, default the start token).
 
     ``early_stopping``: False (transformers' default heuristic), True (stop once K hypotheses are finished) or
     ``"never"`` (the canonical stopping rule). EOS defaults to ``config.eos_token_id``, padding to the config's
-    pad token, else EOS.
+    pad token, else EOS. ``all_finished(stop)`` (a 0-dim bool: this batch's stopping rule holds -> bool, default
+    ``bool(stop)``) decides when the search ends: sharded data-parallel ranks pass an all-reduce.
     """
     if num_beams < 1 or not 1 <= num_return_sequences <= num_beams:
         raise ValueError(
@@ -187,8 +192,9 @@ def beam_search(
             best_running = running_scores[:, :1] / hypothetical**length_penalty
             worst = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, NEG)
             improvable = improvable & (best_running > worst).any(dim=1, keepdim=True)
-            all_pools_full = bool(is_finished.all()) and early_stopping is True
-            if not bool(improvable.any()) or all_pools_full or bool(done.all()):
+            all_pools_full = is_finished.all() & (early_stopping is True)
+            stop = ~improvable.any() | all_pools_full | done.all()
+            if bool(stop) if all_finished is None else all_finished(stop):
                 break
 
             cache.reorder((beam_origin + batch_offset).flatten(), beams_only=True)

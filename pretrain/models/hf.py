@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from pretrain.models.config import ModelConfig
+from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Attention, Transformer
 
 Rule = tuple[str, tuple[str, ...], bool]  # (our key, HF keys concatenated on dim 0, transpose each HF tensor)
@@ -594,6 +595,68 @@ def to_hf(model: Transformer) -> Any:
     return hf_model.to(next(model.parameters()).dtype).train(model.training)
 
 
+_SEQUENCE_CLASSIFIERS = {  # the model to_hf exports -> the transformers class with the same sequence head
+    "BertModel": "BertForSequenceClassification",
+    "GPT2LMHeadModel": "GPT2ForSequenceClassification",
+    "LlamaForCausalLM": "LlamaForSequenceClassification",
+    "MistralForCausalLM": "MistralForSequenceClassification",
+}
+
+
+def _check_classifier(model: TaskModel) -> None:
+    """``ValueError`` in one line when no transformers class computes ``model``'s logits."""
+    cfg, pooling = model.backbone.config, model.pooling
+    if model.kind != "sequence":
+        raise ValueError(
+            f"head.kind={model.kind!r} has no transformers export; export a sequence head or a text2text model"
+        )
+    if cfg.arch == "encoder-decoder":
+        raise ValueError(
+            "transformers' T5ForSequenceClassification classifies the decoder's state at the last EOS; this head "
+            f"pools the encoder output ({pooling!r}), which no transformers class computes; finetune T5 with "
+            "head.kind=text2text to export it"
+        )
+    if cfg.arch == "encoder" and pooling != "pooler":
+        raise ValueError(
+            "BertForSequenceClassification classifies BERT's pooler output tanh(dense(h[:, 0])); this head pools "
+            f"{pooling!r}, which no transformers class computes; finetune with head.pooling=pooler (a backbone "
+            "with model.pooler: true) to export it"
+        )
+
+
+@torch.no_grad()
+def classifier_to_hf(model: TaskModel, label_names: list[str] | None = None) -> Any:
+    """The transformers sequence classifier of a finetuned ``TaskModel`` (same logits): BERT's pooler head ->
+    ``BertForSequenceClassification`` (``classifier``); a decoder's last-token head ->
+    ``GPT2ForSequenceClassification`` / ``LlamaForSequenceClassification`` / ``MistralForSequenceClassification``
+    (``score``, no bias; transformers takes the last token that is not ``pad_token_id``, which the tokenizer's
+    ids set by :func:`save_hf`). One output is ``problem_type="regression"``. ValueError in one line when
+    transformers cannot represent the head (``_check_classifier``)."""
+    import transformers
+
+    _check_classifier(model)
+    cfg = model.backbone.config
+    if cfg.arch == "encoder":  # BertModel under the classifier; the MLM head is gone
+        cfg = dataclasses.replace(cfg, lm_head=False, mlm_head_transform=False, lm_head_bias=False)
+    base = Transformer(cfg)
+    missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("lm_head.") for k in missing):  # a decoder's unused untied LM head
+        raise RuntimeError(f"backbone mismatch: missing {missing}, unexpected {unexpected}")
+    hf_base = to_hf(base.to(next(model.parameters()).dtype))
+    config = hf_base.config
+    K = model.head.out.out_features
+    config.num_labels = K
+    config.problem_type = "regression" if K == 1 else "single_label_classification"
+    if label_names and len(label_names) == K:
+        config.id2label = dict(enumerate(label_names))
+        config.label2id = {name: i for i, name in enumerate(label_names)}
+    hf_model = getattr(transformers, _SEQUENCE_CLASSIFIERS[type(hf_base).__name__])(config)
+    hf_model.base_model.load_state_dict(hf_base.base_model.state_dict(), strict=True)
+    head = hf_model.classifier if cfg.arch == "encoder" else hf_model.score
+    head.load_state_dict(model.head.out.state_dict(), strict=True)
+    return hf_model.to(hf_base.dtype).train(model.training)
+
+
 def hf_tokenizer(tokenizer: Any, max_length: int, special_tokens: dict[str, str] | None = None) -> Any:
     """A transformers fast tokenizer of a ``tokenizers.Tokenizer`` with every special-token role it holds
     (``pretrain.datamodules.special_tokens``: eos, bos, pad, unk, mask, cls, sep; ``special_tokens`` overrides a role's
@@ -631,16 +694,18 @@ def set_token_ids(hf_model: Any, ids: dict[str, int]) -> None:
 
 
 def save_hf(
-    model: Transformer,
+    model: Transformer | TaskModel,
     out_dir: str | Path,
     tokenizer: Any = None,
     special_tokens: dict[str, str] | None = None,
+    label_names: list[str] | None = None,
 ) -> Path:
     """Write ``out_dir/config.json`` + ``model.safetensors`` (transformers ``from_pretrained`` format) and, given
     ``tokenizer`` (a ``tokenizers.Tokenizer``, a tokenizer.json or a directory holding one), the tokenizer files
     with the special tokens and ``model_max_length`` set (``hf_tokenizer``), and the tokenizer's bos/eos/pad ids in
     ``config.json`` and ``generation_config.json`` (``set_token_ids``): ``AutoTokenizer``, ``generate``,
-    ``pipeline`` and lm-eval's ``hf`` model work on the directory alone."""
+    ``pipeline`` and lm-eval's ``hf`` model work on the directory alone. A finetuned ``TaskModel`` is written as
+    its transformers sequence classifier (:func:`classifier_to_hf`, ``label_names`` as ``id2label``)."""
     from tokenizers import Tokenizer
 
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
@@ -651,10 +716,12 @@ def save_hf(
             raise FileNotFoundError(f"tokenizer: no tokenizer.json at {tokenizer_file}")
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     out_dir = Path(out_dir)
-    hf_model = to_hf(model)
+    task = isinstance(model, TaskModel)
+    hf_model = classifier_to_hf(model, label_names) if task else to_hf(model)
     if tokenizer is not None:
         set_token_ids(hf_model, special_token_ids(tokenizer, special_tokens))
     hf_model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:
-        hf_tokenizer(tokenizer, model.config.max_seq_len, special_tokens).save_pretrained(out_dir)
+        max_length = (model.backbone if task else model).config.max_seq_len
+        hf_tokenizer(tokenizer, max_length, special_tokens).save_pretrained(out_dir)
     return out_dir

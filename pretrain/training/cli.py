@@ -26,8 +26,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print("".join(f"# {line}\n" for line in optimizer_groups(run).splitlines()), end="")
         return 0
     from pretrain.errors import RankDied, peer_gone
+    from pretrain.training import lightning_compat  # first: Lightning without torchmetrics' extras
     from pretrain.training.checkpoint.resume import check_resumable
-    from pretrain.training.lightning_compat import dead_ranks
     from pretrain.training.preemption import Interrupted
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
@@ -54,7 +54,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     except Exception as err:
         if not peer_gone(err):  # a collective failed: name the rank that died
             raise
-        raise RankDied(dead_ranks(trainer), trainer.global_rank, err) from err
+        raise RankDied(lightning_compat.dead_ranks(trainer), trainer.global_rank, err) from err
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
@@ -140,6 +140,7 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
     run, resolved = config.load(args.recipe, overrides)
+    from pretrain.training import lightning_compat  # noqa: F401  (first: Lightning without torchmetrics' extras)
     from pretrain.training.checkpoint.resume import strategy_reads
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
@@ -266,15 +267,23 @@ def _check_export_target(out_dir: Path, force: bool) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pretrain.finetuning.export import export_finetuned, is_finetuned
     from pretrain.models.hf import save_hf
+    from pretrain.training.checkpoint import consolidate, read
     from pretrain.training.checkpoint.convert import load_model
 
-    if not Path(args.checkpoint).exists():
+    path = Path(args.checkpoint)
+    if not path.exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
     _check_export_target(Path(args.out_dir), args.force)
-    model, info, tokenizer = load_model(args.checkpoint)
-    special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
-    out = save_hf(model, args.out_dir, tokenizer, special_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        single = consolidate(path, Path(tmp) / "consolidated.ckpt")  # a file is returned as it is
+        if is_finetuned(read(single, mmap=True)):  # `pretrain finetune`: a head or text-to-text, LoRA merged
+            out = export_finetuned(single, args.out_dir)
+        else:
+            model, info, tokenizer = load_model(single)
+            special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
+            out = save_hf(model, args.out_dir, tokenizer, special_tokens)
     print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
     return 0
 

@@ -24,18 +24,22 @@ checkpoint and every ``snapshot_every`` steps, and only while no anomaly is runn
 history, streaks, events with the skipped sample positions) is saved in every checkpoint; the snapshot too when
 it is older than the checkpoint, so a resumed run makes the same decisions as an uninterrupted one.
 
-``HangGuard`` arms ``faulthandler.dump_traceback_later`` before every batch: if the batch does not finish within
-``max(min_seconds, factor * median of the recent batch times)`` (``startup_seconds`` for the first ones), a C
-thread writes all Python stacks of the rank to ``<run_dir>/hang-rank<r>.txt`` and exits with status 1 -- it works
-while the main thread is blocked inside a collective. The process group timeout is set above it.
+``HangGuard`` gives every batch a deadline: if it does not finish within ``max(min_seconds, factor * median of
+the recent batch times)`` (``startup_seconds`` for the first ones), a watchdog thread writes all Python stacks of
+the rank to ``<run_dir>/hang-rank<r>.txt`` and exits with status 1 -- it works while the main thread is blocked
+inside a collective. A batch costs the main thread one clock read (no timer re-armed per batch). The process
+group timeout is set above it.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import os
 import statistics
+import threading
 import time
 from collections import deque
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -337,15 +341,25 @@ def _replicated(trainer: L.Trainer) -> bool:
 
 
 class HangGuard(Callback):
-    """Dumps every thread's Python stack and exits with status 1 when a batch takes far longer than usual."""
+    """Dumps every thread's Python stack and exits with status 1 when a batch takes far longer than usual.
+
+    A batch start is one float written on the main thread (its deadline); a watchdog thread sleeps until the
+    deadline (at most a second at a time, so a shortened timeout applies soon) and, when it passes with no new
+    batch begun, writes ``Timeout (H:MM:SS)!`` and the stacks of all threads (``faulthandler.dump_traceback``) to
+    ``<run_dir>/hang-rank<r>.txt`` and ends the process (``os._exit(1)``). It runs while the main thread waits
+    in a collective, a device synchronisation, a lock or a sleep: all of them release the GIL."""
 
     RECENT = 20  # batch durations in the median
+    POLL = 1.0  # longest sleep of the watchdog, seconds
 
     def __init__(self, config: HangGuardConfig, run_dir: str | Path):
         self.config, self.run_dir = config, Path(run_dir)
         self.durations: deque[float] = deque(maxlen=self.RECENT)
         self._last: float | None = None
-        self._file: Any = None
+        self._deadline: tuple[float, float] | None = None  # (monotonic deadline, its timeout): one assignment
+        self._rank = 0
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     def timeout(self) -> float:
         c = self.config
@@ -354,10 +368,31 @@ class HangGuard(Callback):
         return max(c.min_seconds, c.factor * statistics.median(self.durations))
 
     def _arm(self, trainer: L.Trainer) -> None:
-        if self._file is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.run_dir / f"hang-rank{trainer.global_rank}.txt", "w")
-        faulthandler.dump_traceback_later(self.timeout(), exit=True, file=self._file)
+        timeout = self.timeout()
+        self._deadline = (time.monotonic() + timeout, timeout)
+        if self._watchdog is None:
+            self._rank = trainer.global_rank
+            self._stop.clear()
+            self._watchdog = threading.Thread(target=self._watch, name="pretrain-hang-guard", daemon=True)
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            armed = self._deadline
+            if armed is None:
+                self._stop.wait(self.POLL)
+                continue
+            left = armed[0] - time.monotonic()
+            if left <= 0 and self._deadline is armed:  # no batch began since: hung
+                self._dump(armed[1])
+            self._stop.wait(min(max(left, 0.0), self.POLL))
+
+    def _dump(self, timeout: float) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / f"hang-rank{self._rank}.txt", "w") as file:
+            file.write(f"Timeout ({timedelta(seconds=timeout)})!\n")
+            faulthandler.dump_traceback(file, all_threads=True)
+        os._exit(1)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
@@ -375,13 +410,11 @@ class HangGuard(Callback):
         self._last = None  # validation time is not a training batch's
 
     def _disarm(self) -> None:
-        faulthandler.cancel_dump_traceback_later()
-        if self._file is not None:
-            self._file.close()
-            path = Path(self._file.name)
-            if path.stat().st_size == 0:
-                path.unlink()
-            self._file = None
+        self._deadline = None
+        if self._watchdog is not None:
+            self._stop.set()
+            self._watchdog.join()
+            self._watchdog = None
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._disarm()

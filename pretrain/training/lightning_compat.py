@@ -19,15 +19,80 @@ item names the public behaviour it stands in for:
   parallelizes itself in ``configure_model``; here a ``parallelize`` function passed to the strategy shards the
   model from outside, on a 1-D data-parallel mesh (or 2-D for hybrid sharding). Checkpoints are written
   atomically.
+- ``import_torchmetrics_lean``: Lightning imports torchmetrics at start (``lightning_utilities.compare_version``
+  and ``from torchmetrics import Metric``), whose ``__init__`` imports every integration it finds installed:
+  transformers (BERTScore, CLIPScore), ``scipy.signal`` (audio) and matplotlib (``Metric.plot``) -- 1.2 CPU-s,
+  a fifth of a short run's start-up. This module is imported before Lightning and imports torchmetrics with those
+  three hidden (absent from ``sys.modules``, torchmetrics' availability flags false), so the metrics Lightning and
+  finetuning use stay and those integrations of torchmetrics are off in the process (import torchmetrics before
+  ``pretrain`` to keep them). Tested with torchmetrics 1.9.0 and lightning-utilities 0.15.3.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import re
+import sys
 import warnings
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+TORCHMETRICS_EXTRAS = ("transformers", "scipy", "matplotlib")  # torchmetrics imports these when installed
+
+
+class _AfterExec(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after the module ``name`` has executed, before anything imports from it."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path) if fullname == self.name else None
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_then(module: Any) -> None:
+                run(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_then  # type: ignore[method-assign]
+        return spec
+
+
+def import_torchmetrics_lean(hidden: tuple[str, ...] = TORCHMETRICS_EXTRAS) -> None:
+    """Import torchmetrics with the packages ``hidden`` that are not imported yet seen as absent: ``None`` in
+    ``sys.modules`` for the import (Python's documented way to block one) and false flags in
+    ``torchmetrics.utilities.imports`` (``RequirementCache``, which reads package metadata). No-op once
+    torchmetrics is imported."""
+    if "torchmetrics" in sys.modules:
+        return
+    blocked = [name for name in hidden if name not in sys.modules]
+
+    def hide_flags(flags: Any) -> None:
+        for flag in vars(flags).values():
+            requirement = getattr(flag, "requirement", None)
+            if isinstance(requirement, str) and re.split(r"[<>=!~ \[]", requirement)[0] in blocked:
+                flag.available, flag.message = False, f"{requirement} hidden by pretrain (lightning_compat)"
+
+    hook = _AfterExec("torchmetrics.utilities.imports", hide_flags)
+    sys.meta_path.insert(0, hook)
+    sys.modules.update(dict.fromkeys(blocked))
+    try:
+        import torchmetrics  # noqa: F401
+    finally:
+        sys.meta_path.remove(hook)
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+        from lightning_utilities.core.imports import package_available
+
+        package_available.cache_clear()  # it cached "absent" for the hidden ones
+
+
+import_torchmetrics_lean()  # before Lightning's first import (every training path imports this module first)
 
 import torch
 from lightning.fabric.utilities.init import _materialize_distributed_module
@@ -41,7 +106,13 @@ from torch import nn
 
 from pretrain.training.checkpoint.io import atomic_directory
 
-TESTED_WITH = {"lightning": "2.6.6", "deepspeed": "0.19.8", "torch": "2.13.0"}
+TESTED_WITH = {
+    "lightning": "2.6.6",
+    "deepspeed": "0.19.8",
+    "torch": "2.13.0",
+    "torchmetrics": "1.9.0",
+    "lightning-utilities": "0.15.3",
+}
 
 
 def untested_versions() -> dict[str, str]:

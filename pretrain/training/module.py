@@ -67,6 +67,14 @@ class PretrainData(PretrainDataModule):
         return super().on_after_batch_transfer(batch, dataloader_idx)  # counts the batch (exact resume)
 
 
+def _seed_generators(seed: int, device: torch.device) -> None:
+    """Seed the generators a step draws from: the CPU's and ``device``'s (``torch.manual_seed`` also seeds every
+    other backend; on one without a device it formats the call stack to queue the seed: a millisecond a step)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type != "cpu":
+        torch.get_device_module(device).manual_seed(seed)
+
+
 class PretrainModule(L.LightningModule):
     """Backbone (``pretrain.models.transformer.Transformer``) trained with ``objective``; logs loss, accuracy, perplexity
     (LM objectives), tokens seen, learning rate and gradient norm; MFU comes from ``flops_per_batch``."""
@@ -146,7 +154,7 @@ class PretrainModule(L.LightningModule):
         step, k = self.step_loss, self.trainer.accumulate_grad_batches
         assert step is not None
         micro = batch_idx % k
-        torch.manual_seed(dropout_seed(self.run.seed, self.global_step, micro, self.global_rank))
+        _seed_generators(dropout_seed(self.run.seed, self.global_step, micro, self.global_rank), self.device)
         if micro == 0:
             step.begin(batch[STEP_TARGETS])
             self._num_correct = None

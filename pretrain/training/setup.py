@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import RunConfig
+from pretrain.config.run import check_checkpoint
 
 
 def build_objective(run: RunConfig, tokenizer: Any) -> Any:
@@ -35,7 +36,7 @@ def build_objective(run: RunConfig, tokenizer: Any) -> Any:
 
 def check_monitor(run: RunConfig, objective: Any) -> None:
     """``checkpoint.monitor`` names a metric the validation logs (else the best-k callback fails only at the first
-    validation, possibly hours in)."""
+    validation, possibly hours in), and ``checkpoint.mode`` says or its name tells which way is better."""
     import difflib
 
     import torch
@@ -53,6 +54,7 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
             + (f"; did you mean {close[0]!r}?" if close else "; pick one of them")
             + " (or checkpoint.save_top_k=0 to keep only last.ckpt)"
         )
+    check_checkpoint(run.checkpoint)
 
 
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:

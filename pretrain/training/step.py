@@ -86,7 +86,8 @@ class StepLoss:
 
     def __init__(self, accumulate: int, world_size: int, reduce: Callable[[Tensor], Tensor], twice: bool):
         self.accumulate, self.reduce = accumulate, reduce
-        self.multiplier = accumulate * world_size * (accumulate if twice else 1)
+        self.engine_factor = accumulate if twice else 1  # undoes the engine's own division by k
+        self.multiplier = accumulate * world_size * self.engine_factor
         self.loss_sum: Tensor | None = None
         self.num_targets: Tensor | None = None
         self._grad_norm: tuple[Tensor | None] | None = None  # computed once per step
@@ -113,8 +114,10 @@ class StepLoss:
         return loss_sum * self.multiplier / self.num_targets.clamp_min(1)
 
     def add_mean(self, mean: Tensor) -> Tensor:
-        """For a module minimising each micro-batch's mean loss (the baselines): the step's loss is the mean of
-        the k * W means, each micro-batch counting as one target (``begin`` with a count of k)."""
+        """For a module minimising each micro-batch's mean loss (the baselines, finetuning): the step's loss is
+        the mean of the k * W means, each micro-batch counting as one target (``begin`` with a count of k); the
+        micro-batch backpropagates ``mean`` (Lightning divides by k, data parallelism by W), times k where the
+        engine divides by k once more (DeepSpeed)."""
         assert self.loss_sum is not None
         self.loss_sum = self.loss_sum + mean.detach().float()
-        return mean
+        return mean * self.engine_factor

@@ -87,13 +87,15 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
     if run.checkpoint.save_top_k > 0:
+        assert run.checkpoint.mode is not None, "checkpoint.mode is set by config validation"
+        leaf = run.checkpoint.monitor.rsplit("/", 1)[-1]
         callbacks.append(
             ModelCheckpoint(
                 dirpath=directory,
-                filename="best-step{step}-loss{val/loss:.4f}",
+                filename=f"best-step{{step}}-{leaf}{{{run.checkpoint.monitor}:.4f}}",
                 auto_insert_metric_name=False,
                 monitor=run.checkpoint.monitor,
-                mode="min",
+                mode=run.checkpoint.mode,
                 save_top_k=run.checkpoint.save_top_k,
             )
         )

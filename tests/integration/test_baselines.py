@@ -208,6 +208,8 @@ def test_bad_recipes_fail_before_training(corpus, capsys):
         load_config("recipes/seq2seq-attn-reverse.yaml", ["baselines.task=parallel"])
     with pytest.raises(ValueError, match="one device"):
         load_config("recipes/lstm-lm-tiny.yaml", ["trainer.devices=2"])
+    with pytest.raises(ValueError, match="strategy.name=deepspeed: baselines train on one device"):
+        load_config("recipes/lstm-lm-tiny.yaml", ["strategy.name=deepspeed"])
     with pytest.raises(ValueError, match="vocabulary is empty after min-count filtering"):
         run_recipe("recipes/glove-tiny.yaml", small(corpus, "glove-empty", "baselines.min_count=1000000"))
     with pytest.raises(ValueError, match="train with objective clm"):
@@ -244,3 +246,20 @@ def test_compare_lstm_transformer_quick(corpus):
     for ppl in (t["val_ppl"], r["val_ppl"], r["val_ppl_reset"]):
         assert 1 < ppl < 1.3 * unigram, (ppl, unigram)
     assert "ratio lstm / transformer" in compare.report(results)
+
+
+def test_a_baseline_recipe_is_reproducible_from_its_seed(corpus):
+    extra = [
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "data.micro_batch_size=2",
+        "data.seq_len=16",
+        "baselines.model.vocab_size=400",
+        "baselines.model.d_embed=16",
+        "baselines.model.d_hidden=16",
+    ]
+    first, second = (
+        run_recipe("recipes/lstm-lm-tiny.yaml", small(corpus, f"seeded{i}", *extra)) for i in (0, 1)
+    )
+    assert first["val/loss"] == second["val/loss"]  # the model's initialisation comes from the seed too

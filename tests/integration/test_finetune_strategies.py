@@ -1,8 +1,9 @@
-"""`pretrain finetune` under FSDP2 and DeepSpeed ZeRO-3 equals DDP on 2 gloo ranks (training losses, validation
-metrics and finetuned weights within 1e-5 relative) for a classification head (full finetuning) and for T5
-text-to-text (LoRA adapters, merged into ``finetuned.pt``); an FSDP run stopped and resumed
-from its sharded checkpoint equals the uninterrupted one; ``finetuned.pt`` is consolidated from sharded
-checkpoints; a text-to-text checkpoint exports to transformers like a pretrained one.
+"""`pretrain finetune` under FSDP2 and DeepSpeed ZeRO-2 / ZeRO-3 equals DDP on 2 gloo ranks (training losses,
+validation metrics and finetuned weights within 1e-5 relative) for a classification head (full finetuning) and
+for T5 text-to-text (LoRA adapters, merged into ``finetuned.pt``; greedy and beam decoding, whose sharded ranks
+step together); FSDP and ZeRO-3 runs stopped and resumed from their sharded checkpoints equal the uninterrupted
+ones; ``finetuned.pt`` is consolidated from sharded checkpoints; the finetuned classifier and text-to-text model
+export to transformers like a pretrained one.
 
 All runs share one launch of 2 ranks (``finetune_worker.py``). The validation file splits into unequal shards, so
 one rank's is padded: sharded strategies need the same forward passes on every rank.
@@ -22,15 +23,17 @@ WORDS = {1: ["good", "great", "fine", "lovely"], 0: ["bad", "awful", "poor", "du
 FILLER = ["the", "film", "movie", "plot", "was", "is", "a", "really"]
 TINY = {"vocab_size": 448, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 48}
 NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0}
-BERT = TINY | TINY_MODEL["bert"] | NO_DROPOUT | {"type_vocab_size": 2}
+BERT = TINY | TINY_MODEL["bert"] | NO_DROPOUT | {"type_vocab_size": 2, "pooler": True}  # BERT's pooler head
 T5 = TINY | TINY_MODEL["t5"] | NO_DROPOUT
 STEPS = 6
 LORA = {"r": 4, "alpha": 8, "target_modules": ["qkv", "q", "kv", "out", "fc", "proj"]}
 STRATEGIES = {
     "ddp": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}},
     "fsdp": {"name": "fsdp"},
+    "zero2": {"name": "deepspeed", "deepspeed": {"stage": 2}},
     "zero3": {"name": "deepspeed", "deepspeed": {"stage": 3}},
 }
+BEAM = {"strategy": "beam", "num_beams": 3, "max_new_tokens": 4}
 
 
 def _files(root: Path) -> Path:
@@ -92,12 +95,19 @@ def runs(tmp_path_factory):
     files = _files(root)
     configs = []
     t2t = {"head": {"kind": "text2text", "dropout": 0.0}, "lora": LORA}  # text-to-text with LoRA adapters
-    for kind, model, sections in (("seq", BERT, {}), ("t2t", T5, t2t)):
-        for strategy in ("ddp", "fsdp", *(["zero3"] if kind == "seq" else [])):
+    beam = t2t | {"decoding": BEAM, "trainer": {"max_steps": 2}}
+    for kind, model, sections, strategies in (
+        ("seq", BERT, {}, ("ddp", "fsdp", "zero2", "zero3")),
+        ("t2t", T5, t2t, ("ddp", "fsdp", "zero2")),
+        ("t2tbeam", T5, beam, ("ddp", "zero3")),
+    ):
+        for strategy in strategies:
             configs.append(_config(files, root / f"{kind}-{strategy}", model, strategy, **sections))
     # stopped after 3 steps, then resumed (resume=auto) from the sharded checkpoint to STEPS
-    for steps in (3, STEPS):
-        configs.append(_config(files, root / "seq-fsdp-resumed", BERT, "fsdp", trainer={"max_steps": steps}))
+    for strategy in ("fsdp", "zero3"):
+        for steps in (3, STEPS):
+            run_dir = root / f"seq-{strategy}-resumed"
+            configs.append(_config(files, run_dir, BERT, strategy, trainer={"max_steps": steps}))
     (root / "configs.json").write_text(json.dumps(configs))
     run_ranks(REPO_ROOT / "tests" / "finetune_worker.py", str(root / "configs.json"), log_dir=root)
     return {Path(c["run_dir"]).name: Path(c["run_dir"]) for c in configs}
@@ -112,11 +122,20 @@ def _results(run_dir: Path) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("kind", "strategy"), [("seq", "fsdp"), ("seq", "zero3"), ("t2t", "fsdp")], ids=lambda x: x
+    ("kind", "strategy"),
+    [
+        ("seq", "fsdp"),
+        ("seq", "zero2"),
+        ("seq", "zero3"),
+        ("t2t", "fsdp"),
+        ("t2t", "zero2"),
+        ("t2tbeam", "zero3"),
+    ],
+    ids=lambda x: x,
 )
 def test_sharded_finetuning_equals_ddp(runs, kind, strategy):
     ddp, sharded = runs[f"{kind}-ddp"], runs[f"{kind}-{strategy}"]
-    assert len(_losses(ddp)) == STEPS
+    assert len(_losses(ddp)) == (2 if kind == "t2tbeam" else STEPS)
     assert _losses(sharded) == pytest.approx(_losses(ddp), rel=1e-5)
     val = _results(ddp)["val"]
     assert set(val) >= {"loss", "accuracy"}
@@ -131,10 +150,11 @@ def test_sharded_finetuning_equals_ddp(runs, kind, strategy):
         torch.testing.assert_close(ours[name], weight, rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_fsdp_finetuning_resumes_exactly(runs):
-    """3 steps, stop, resume from the sharded ``last.ckpt``: the losses of steps 4-6 and the final metrics are
-    those of the uninterrupted run (the example order continues where it stopped)."""
-    resumed, whole = runs["seq-fsdp-resumed"], runs["seq-fsdp"]
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+def test_sharded_finetuning_resumes_exactly(runs, strategy):
+    """3 steps, stop, resume from the sharded ``last.ckpt`` under the same strategy: the losses of steps 4-6
+    and the final metrics are those of the uninterrupted run (the example order continues where it stopped)."""
+    resumed, whole = runs[f"seq-{strategy}-resumed"], runs[f"seq-{strategy}"]
     assert (resumed / "checkpoints" / "last.ckpt").is_dir()  # a sharded checkpoint directory
     launches = [metric_by_step(rows, "train/loss") for rows in launch_metrics(resumed)]
     assert sorted(launches[0]) == [0, 1, 2] and sorted(launches[1]) == [3, 4, 5]
@@ -164,3 +184,29 @@ def test_text_to_text_finetuned_model_exports_like_a_pretrained_one(runs, tmp_pa
             rtol=1e-4,
             atol=1e-5,
         )
+
+
+def test_finetuned_classifier_exports_to_transformers(runs, tmp_path):
+    """`pretrain export` of the ZeRO-3 run's sharded ``last.ckpt``: transformers' BertForSequenceClassification
+    (with the run's labels) gives the logits of its ``finetuned.pt`` on a padded batch."""
+    import transformers
+
+    from pretrain.cli import main
+    from pretrain.finetuning.checkpoint import load_finetuned
+
+    run_dir = runs["seq-zero3"]
+    assert main(["export", str(run_dir / "checkpoints" / "last.ckpt"), str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "BertForSequenceClassification"
+    assert list(hf.config.id2label.values()) == ["0", "1"]
+    model, _, _ = load_finetuned(run_dir / "finetuned.pt")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    batch = tokenizer(["the film was good", "a really awful plot"], padding=True, return_tensors="pt")
+    assert batch["attention_mask"].min() == 0  # padded
+    first, *_, last = tokenizer.convert_ids_to_tokens(tokenizer("the film was good")["input_ids"])
+    assert (first, last) == ("<cls>", "<sep>")  # the run's template: encoded as in training
+    with torch.no_grad():
+        ours = model(batch["input_ids"], batch["attention_mask"])
+        torch.testing.assert_close(hf(**batch).logits, ours, rtol=1e-5, atol=1e-5)
+    (label,) = transformers.pipeline("text-classification", model=str(tmp_path / "hf"))("a lovely film")
+    assert label["label"] in ("0", "1")  # the README's command works on the export

@@ -168,19 +168,33 @@ def test_encoder_and_encoder_decoder_in_loop_eval_is_pretrain_evaluate(kind, wor
         assert {k: in_wandb[4][k] for k in logged[4]} == logged[4]
 
 
-def test_two_rank_fsdp2_in_loop_eval_equals_pretrain_evaluate(world, tmp_path):
-    """Requests sharded over 2 gloo ranks of an FSDP2 BERT run and gathered: the numbers of one process. The
-    ranks' pseudo-log-likelihoods need different numbers of forwards (masked rows), so the idle forwards that
-    keep FSDP2's all-gathers paired must run, or the run hangs."""
-    recipe = eval_recipe(
-        tmp_path,
-        world,
-        "bert",
-        trainer={"devices": 2, "accelerator": "cpu", "max_steps": 2},
-        strategy={"name": "fsdp", "fsdp": {"state_dict_type": "full"}},
-    )
-    run_ranks(WORKER, "fit", str(recipe), log_dir=tmp_path, timeout=400)
-    logged = logged_eval(read_metrics(tmp_path / "run"))
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp", "zero3"])
+def test_two_rank_in_loop_eval_equals_pretrain_evaluate(two_rank_runs, world, strategy):
+    """Requests sharded over 2 gloo ranks of a BERT run (FSDP2, DDP, DeepSpeed ZeRO-3) and gathered: the numbers
+    of one process on the checkpoint of that step. The ranks' pseudo-log-likelihoods need different numbers of
+    forwards (masked rows), so under FSDP2 and ZeRO-3 the idle forwards that keep the parameter all-gathers
+    paired must run, or the run hangs."""
+    run_dir = two_rank_runs / strategy / "run"
+    logged = logged_eval(read_metrics(run_dir))
     assert sorted(logged) == [2]
-    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert_same_numbers(logged[2], evaluate_checkpoint(checkpoint, world["eval_tasks"], tmp_path / "e.json"))
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    reference = evaluate_checkpoint(checkpoint, world["eval_tasks"], run_dir / "e.json")
+    assert_same_numbers(logged[2], reference)
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(world, tmp_path_factory):
+    """One launch of 2 ranks fitting 2 steps of BERT under each strategy, evaluated at step 2."""
+    root = tmp_path_factory.mktemp("in_loop_2_ranks")
+    strategies = {
+        "fsdp": {"name": "fsdp", "fsdp": {"state_dict_type": "full"}},
+        "ddp": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}},
+        "zero3": {"name": "deepspeed", "deepspeed": {"stage": 3}},
+    }
+    commands: list[str] = []
+    for name, strategy in strategies.items():
+        trainer = {"devices": 2, "accelerator": "cpu", "max_steps": 2}
+        recipe = eval_recipe(root / name, world, "bert", trainer=trainer, strategy=strategy)
+        commands += [*(["+"] if commands else []), "fit", str(recipe)]
+    run_ranks(WORKER, *commands, log_dir=root, timeout=600)
+    return root

@@ -1,6 +1,7 @@
 """`pretrain prepare --executor` (datatrove): 2 local tasks and a 2-worker local Ray cluster give, document by
 document, the tokens and train/val split of single-process prepare, and the datamodule reads the shards as one
-source; a failed task leaves no shard a run could read, and the rerun redoes only that task."""
+source; a failed task leaves no shard a run could read, and the rerun redoes only that task. One large file split
+in byte ranges over 2-3 tasks, and exact dedup across 2 tasks, give single-process prepare's output too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pretrain.datamodules.executors import prepare_in_tasks, task_groups
+from pretrain.datamodules.executors import prepare_in_tasks
 from pretrain.datamodules.indexed import IndexedDataset
 from pretrain.datamodules.prepare import prepare, split_prefixes
 from pretrain.datamodules.pretrain import PretrainDataModule
@@ -38,14 +39,52 @@ def assert_same_corpus(single, tasks) -> None:
         joined = b"".join(Path(f"{p}.bin").read_bytes() for p in split_prefixes(tasks, split))
         assert joined == (single / f"{split}.bin").read_bytes()
     one, many = (json.loads((d / "meta.json").read_text()) for d in (single, tasks))
-    assert many["cache_key"] == one["cache_key"] and many["splits"] == one["splits"]
+    assert {k: v for k, v in many.items() if k != "shards"} == one  # cache key, counts, inputs, warnings
 
 
-def test_task_groups_are_contiguous_and_balanced():
-    assert task_groups([10, 10, 10, 10], 2) == [range(2), range(2, 4)]
-    assert task_groups([100, 1, 1], 2) == [range(1), range(1, 3)]
-    groups = task_groups([5, 1, 7, 3, 9], 3)  # contiguous, in order, covering every file once
-    assert len(groups) == 3 and [f for g in groups for f in g] == list(range(5))
+def test_one_file_in_byte_ranges_over_tasks_equals_single_process(tmp_path, tiny_world):
+    """Each convention that allows byte ranges: the file is cut inside (no task is empty), and the shards hold,
+    document by document, single-process prepare's tokens and train/val split."""
+    tok = tiny_world["tokenizer"]
+    paragraphs = CORPUS.read_text()[:150_000].split("\n\n")
+    text = tmp_path / "big.txt"
+    text.write_text("\n\n\n".join(paragraphs))
+    records = tmp_path / "big.jsonl"
+    records.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    for path, document, tasks in [(text, "blank_line", 3), (text, "line", 2), (records, "blank_line", 2)]:
+        single, many = tmp_path / f"one-{path.suffix}-{document}", tmp_path / f"many-{path.suffix}-{document}"
+        settings = {"val_fraction": 0.2, "seed": 7, "document": document}
+        prepare(path, tok, single, progress=False, **settings)
+        prepare_in_tasks(path, tok, many, tasks=tasks, workers=1, **settings)
+        assert all(len(IndexedDataset(p)) > 0 for p in split_prefixes(many, "train"))
+        assert len(split_prefixes(many, "train")) == tasks
+        assert_same_corpus(single, many)
+
+
+def test_exact_dedup_across_two_tasks_keeps_the_first_in_stream_order(capsys, tmp_path, tiny_world):
+    """Repeats in task 1 of documents in task 0 (and within each task) are dropped as single-process prepare
+    drops them; the counts reach meta.json and the CLI summary."""
+    from pretrain.cli import main
+
+    paragraphs = CORPUS.read_text()[:60_000].split("\n\n")
+    parts = [paragraphs[:200] + paragraphs[20:30], paragraphs[200:] + paragraphs[:50] + paragraphs[210:215]]
+    files = []
+    for i, part in enumerate(parts):
+        files.append(tmp_path / f"part{i}.txt")
+        files[-1].write_text("\n\n".join(part))
+    tok = tiny_world["tokenizer"]
+    settings = {"val_fraction": 0.3, "dedup": "exact"}
+    single = prepare(files, tok, tmp_path / "single", progress=False, **settings)
+    many = prepare_in_tasks(files, tok, tmp_path / "tasks", tasks=2, workers=1, **settings)
+    assert single["duplicates_dropped"] >= 65 and many["duplicates_dropped"] == single["duplicates_dropped"]
+    assert_same_corpus(tmp_path / "single", tmp_path / "tasks")
+
+    data = {"sources": [{"name": "d", "text": [str(f) for f in files], "prepared": str(tmp_path / "cli")}]}
+    data["sources"][0]["dedup"] = "exact"
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", data={**data, "val_fraction": 0.3})
+    assert main(["prepare", str(recipe), "--executor", "local", "--tasks", "2", "--workers", "1"]) == 0
+    assert f"dropped {single['duplicates_dropped']} exact duplicates" in capsys.readouterr().out
+    assert_same_corpus(tmp_path / "single", tmp_path / "cli")
 
 
 def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path, corpus, tiny_world):
@@ -63,7 +102,8 @@ def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path
         prepare_in_tasks(inputs, tok, out, tasks=2, workers=1, val_fraction=0.2, seed=3)  # task 0, then 1
     assert not out.exists()  # nothing a run could read
     (staging,) = tmp_path.glob(".tasks.tasks-*")
-    assert sorted(p.name for p in staging.glob("*-0000*.*")) == [
+    assert sorted(p.name for p in staging.glob("*-00000.*")) == [
+        "spec-00000.json",
         "task-00000.json",
         "train-00000.bin",
         "train-00000.idx",

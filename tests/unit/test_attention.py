@@ -168,8 +168,9 @@ def test_kv_cache_decoding_flex_prompt_then_sdpa_steps(family, monkeypatch):
     kw = {"encoder_input_ids": x} if family == "t5" else {}
     prompt = None if family == "t5" else x
     flex_calls = []
-    kernel = attention._FLEX
-    monkeypatch.setattr(attention, "_FLEX", lambda *a, **k: flex_calls.append(1) or kernel(*a, **k))
+    kernel = attention._compiled_flex()
+    counted = lambda *a, **k: flex_calls.append(1) or kernel(*a, **k)
+    monkeypatch.setattr(attention, "_compiled_flex", lambda: counted)
     a = generate(sdpa, prompt, 9, greedy=True, **kw)
     assert not flex_calls
     b = generate(flex, prompt, 9, greedy=True, **kw)

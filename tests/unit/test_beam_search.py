@@ -154,6 +154,30 @@ def test_gpt2_left_padded_matches_transformers_generate():
         torch.testing.assert_close(out.scores, ref.sequences_scores, rtol=1e-4, atol=1e-4)
 
 
+def test_stepping_past_the_stop_changes_nothing():
+    """A sharded rank whose batch has stopped keeps stepping until every rank has (``all_finished``): its
+    hypotheses and scores are those of the search that stopped on its own."""
+    model = from_hf(hf_t5(eos_weight=4.0)).eval()  # early EOS: one source's searches stop before 12 tokens
+    x, mask = (t[:1] for t in source())
+    stopped_at = []
+    for k, lp, es in SETTINGS:
+        stops: list[bool] = []
+
+        def other_rank_busy(stop: torch.Tensor) -> bool:
+            stops.append(bool(stop))
+            return False  # never: the search runs to max_new_tokens
+
+        args = {"num_beams": k, "length_penalty": lp, "early_stopping": es, "num_return_sequences": 2}
+        source_ = {"encoder_input_ids": x, "encoder_attention_mask": mask}
+        alone = beam_search(model, None, 12, **args, **source_)
+        stepped = beam_search(model, None, 12, **args, **source_, all_finished=other_rank_busy)
+        assert len(stops) == 12 and stops[-1], (k, lp, es)  # every step of max_new_tokens ran
+        stopped_at.append(stops.index(True))
+        assert stepped.sequences.tolist() == alone.sequences.tolist(), (k, lp, es)
+        assert stepped.scores.tolist() == alone.scores.tolist(), (k, lp, es)
+    assert min(stopped_at) < 6  # searches that stopped early really stepped on
+
+
 @pytest.mark.parametrize("eos_weight", [0.0, 2.0])
 def test_one_beam_is_greedy(eos_weight):
     model = from_hf(hf_t5(eos_weight)).eval()

@@ -70,3 +70,34 @@ def test_a_monitor_naming_no_logged_metric_is_refused_before_training(capsys, tm
     line = one_error_line(capsys, "fit", recipe)
     assert "checkpoint.monitor='val/los' is not a metric the validation logs" in line and "'val/loss'" in line
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+
+
+@pytest.mark.parametrize(
+    "monitor, mode",
+    [
+        ("val/loss", "min"),
+        ("val/perplexity", "min"),
+        ("val/accuracy", "max"),
+        ("val/exact_match", "max"),
+        ("val/f1", "max"),
+        ("val/mcc", "max"),
+    ],
+)
+def test_checkpoint_mode_follows_the_metric_name(monitor, mode):
+    from pretrain.config.run import CheckpointConfig, check_checkpoint
+
+    c = CheckpointConfig(monitor=monitor)
+    check_checkpoint(c)
+    assert c.mode == mode
+    explicit = CheckpointConfig(monitor=monitor, mode="min" if mode == "max" else "max")
+    check_checkpoint(explicit)
+    assert explicit.mode != mode  # a given mode is kept
+
+
+def test_checkpoint_mode_is_required_when_the_name_does_not_tell(capsys, tmp_path):
+    from pretrain.config.run import CheckpointConfig, check_checkpoint
+
+    with pytest.raises(ValueError, match="set checkpoint.mode=max or checkpoint.mode=min"):
+        check_checkpoint(CheckpointConfig(monitor="val/score"))
+    line = one_error_line(capsys, "fit", GPT_TINY, "checkpoint.mode=best")
+    assert "checkpoint.mode" in line and "'min'" in line and "'max'" in line

@@ -30,7 +30,6 @@ def test_pretraining_sections_are_shared():
         ({"trainer": {"compile": True}}, "trainer.compile is a `pretrain fit` option"),
         ({"trainer": {"accumulate_grad_batches": 0}}, "trainer.accumulate_grad_batches must be >= 1"),
         ({"trainer": {"precision": "fp8"}}, "trainer.precision"),
-        ({"strategy": {"name": "fsdp"}, "decoding": {"strategy": "beam"}}, "decoding.strategy=beam"),
         ({"strategy": {"name": "deepspeed"}, "guards": {"spike": {"enabled": True}}}, "guards.spike"),
         ({"lora": {"r": 0}}, "lora needs r >= 1"),
         ({"lora": {"target_modules": []}}, "lora.target_modules is empty"),
