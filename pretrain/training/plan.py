@@ -69,7 +69,6 @@ class StepMemory:
     optimizer: int  # optimizer state
     activations: int  # activations and backward temporaries alive at the peak
     peak: int  # everything at the peak
-    largest_unit: int  # parameters of the largest FSDP unit (a block, or the root's embeddings and head)
     gathered: int = 0  # FSDP: unsharded parameters (all-gather outputs) alive at the peak
     numel: int = 0  # trainable parameter elements
     persistent: int = (
@@ -154,16 +153,6 @@ def shard(model: nn.Module, run: RunConfig, mesh: Any) -> None:
     shard_model(holder, mesh, reshard_after_forward=run.strategy.fsdp.sharding_strategy != "SHARD_GRAD_OP")
 
 
-def largest_unit(model: nn.Module) -> int:
-    """Parameter bytes of the largest FSDP unit: one block, or what the root unit holds (all but the blocks)."""
-    from pretrain.training.strategies import shard_units
-
-    blocks = shard_units(model)
-    in_blocks = {id(p) for b in blocks for p in b.parameters()}
-    root = sum(p.nbytes for p in model.parameters() if id(p) not in in_blocks)
-    return max([root, *(sum(p.nbytes for p in b.parameters()) for b in blocks)])
-
-
 def trace(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1) -> StepMemory:
     """Two training steps of the recipe at ``micro_batch`` on fake tensors, measured by torch's MemTracker.
     ``gpus > 1``: under FSDP2 (the project's ``shard_model``, as ``strategy.fsdp`` shards) on a fake process
@@ -177,14 +166,13 @@ def trace(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1) 
         model, optimizer = build(run, checkpointing, mesh)
         fake = {k: mode.from_tensor(v) for k, v in batch.items()}
         snap = trace_peak(model, optimizer, lambda: train_step(model, optimizer, fake, run.trainer.precision))
-        unit = largest_unit(model)
         local = {p: getattr(p, "_local_tensor", p) for p in model.parameters()}  # a DTensor's shard
         all_grads = sum(t.nbytes for p, t in local.items() if p.requires_grad)
         held = snap["params"] if mesh is None else sum(t.nbytes for t in local.values())
         sizes = [p.numel() for p in model.parameters() if p.requires_grad]  # global shapes
     return StepMemory(
         params=held, grads=snap["grads"], all_grads=all_grads, optimizer=snap["optimizer"],
-        activations=snap["activations"], peak=snap["total"], largest_unit=unit, gathered=snap["params"] - held,
+        activations=snap["activations"], peak=snap["total"], gathered=snap["params"] - held,
         numel=sum(sizes), persistent=sum(k for k in sizes if k < DS_PERSISTENCE_THRESHOLD),
     )  # fmt: skip
 
@@ -199,6 +187,7 @@ class Traces:
 
 
 def traces(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int) -> Traces:
+    """What :func:`per_gpu` needs for ``gpus`` ranks (one trace of each kind, the same one where they agree)."""
     single = trace(run, micro_batch, checkpointing)
     sharded = trace(run, micro_batch, checkpointing, gpus) if gpus > 1 else single
     low = single
@@ -219,12 +208,8 @@ def per_gpu(t: Traces, strategy: str, gpus: int, run: RunConfig) -> dict[str, in
                  "optimizer": 0 if offload else s.optimizer, "comm": s.gathered}  # fmt: skip
         return {**parts, "activations": s.activations, "total": sum(parts.values()) + s.activations}
     if strategy == "ddp":  # the reducer's buckets: a copy of every gradient
-        parts = {
-            "params": step.params,
-            "grads": step.grads,
-            "optimizer": step.optimizer,
-            "comm": step.all_grads,
-        }
+        parts = {"params": step.params, "grads": step.grads, "optimizer": step.optimizer,
+                 "comm": step.all_grads}  # fmt: skip
         A = step.activations
     else:
         parts = zero_parts(step, int(strategy[4]), strategy.endswith("offload"), gpus, run)
@@ -247,9 +232,8 @@ def zero_parts(step: StepMemory, stage: int, offload: bool, n: int, run: RunConf
     if stage == 3:
         gathered = min(E - step.persistent, DS_PREFETCH_ELEMENTS)
         params = E * c // n + (step.persistent + gathered) * c
-    moments = (
-        step.optimizer * 4 // (2 if run.trainer.precision == "bf16-true" else 4)
-    )  # the traced AdamW's, fp32
+    traced_bytes = 2 if run.trainer.precision == "bf16-true" else 4  # per element of the traced AdamW's state
+    moments = step.optimizer * 4 // traced_bytes  # kept in fp32 by DeepSpeed
     buffers = (2 if ds.overlap_comm and stage < 3 else 1) * ds.reduce_bucket_size * c
     return {
         "params": 0 if stage == 3 and offload else params,
