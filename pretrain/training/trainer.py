@@ -12,7 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 
-from pretrain.config.run import TrainingRun
+from pretrain.config.run import TrainingRun, check_checkpoint
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.guards import build_guards
@@ -87,7 +87,7 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
     if run.checkpoint.save_top_k > 0:
-        assert run.checkpoint.mode is not None, "checkpoint.mode is set by config validation"
+        check_checkpoint(run.checkpoint)  # sets an unset mode from the metric's name (fit's set-up did already)
         leaf = run.checkpoint.monitor.rsplit("/", 1)[-1]
         callbacks.append(
             ModelCheckpoint(
