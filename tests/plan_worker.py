@@ -34,7 +34,7 @@ def measure(run, strategy: str, world: int) -> int:
     from pretrain.training.strategies import deepspeed_config
 
     torch.manual_seed(0)
-    model = plan.build(run, False)[0]
+    model = plan.build(run, run.trainer.activation_checkpointing)[0]
     # the tracker registers its optimizer hooks globally; this optimizer must not keep the unsharded parameters
     placeholder = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
     batch = plan.synthetic_batch(run, run.data.micro_batch_size)
@@ -82,7 +82,9 @@ def main(recipe: str, out: str, overrides: list[str]) -> None:
     world = int(os.environ["WORLD_SIZE"])
     run, _ = config.load(recipe, overrides)
     B = run.data.micro_batch_size
-    traces = plan.traces(run, B, False, world)  # before the real group: FSDP's is traced on a fake one
+    traces = plan.traces(
+        run, B, run.trainer.activation_checkpointing, world
+    )  # before the real group: FSDP's is traced on a fake one
     dist.init_process_group("gloo")
     result = {}
     for strategy in STRATEGIES:

@@ -212,12 +212,14 @@ def per_gpu(t: Traces, strategy: str, gpus: int, run: RunConfig) -> dict[str, in
                  "comm": step.all_grads}  # fmt: skip
         A = step.activations
     else:
-        parts = zero_parts(step, int(strategy[4]), strategy.endswith("offload"), gpus, run)
+        parts = zero_parts(step, int(strategy[4]), strategy.endswith("offload"), gpus, run, t.low.grads)
         A = t.low.activations
     return {**parts, "activations": A, "total": sum(parts.values()) + A}
 
 
-def zero_parts(step: StepMemory, stage: int, offload: bool, n: int, run: RunConfig) -> dict[str, int]:
+def zero_parts(
+    step: StepMemory, stage: int, offload: bool, n: int, run: RunConfig, live_grads: int
+) -> dict[str, int]:
     """DeepSpeed ZeRO's per-rank memory by its own allocation rules (deepspeed 0.19.8 ``runtime/zero``) on the
     traced model's E parameter elements, c bytes each in the compute dtype (2 under DeepSpeed's bf16/fp16, else
     4): the model whole (stages 1-2), or (stage 3) its flat partition E c / n, the parameters under
@@ -225,7 +227,9 @@ def zero_parts(step: StepMemory, stage: int, offload: bool, n: int, run: RunConf
     ``DS_PREFETCH_ELEMENTS``); an fp32 master partition and the optimizer's moments (fp32) on E / n elements;
     stage 3's fp32 flat buffer of gradient partitions (E / n; stages 1-2 make theirs at the step, past the
     peak); the gradient reduction buffers, ``reduce_bucket_size`` elements of c whatever the model's size, two
-    of them under ``overlap_comm`` for stages 1-2 (``setup_buckets``), one for stage 3."""
+    of them under ``overlap_comm`` for stages 1-2 (``setup_buckets``), one for stage 3; and ``live_grads``, the
+    gradients autograd holds at the traced peak (with activation checkpointing the peak is in backward) before
+    DeepSpeed's hooks move them into its buckets."""
     ds, E = run.strategy.deepspeed, step.numel
     c = 2 if run.trainer.precision in ("bf16-mixed", "16-mixed", "bf16-true") else 4
     params = E * c
@@ -237,7 +241,7 @@ def zero_parts(step: StepMemory, stage: int, offload: bool, n: int, run: RunConf
     buffers = (2 if ds.overlap_comm and stage < 3 else 1) * ds.reduce_bucket_size * c
     return {
         "params": 0 if stage == 3 and offload else params,
-        "grads": E * 4 // n if stage == 3 and not offload else 0,
+        "grads": live_grads + (E * 4 // n if stage == 3 and not offload else 0),
         "optimizer": 0 if offload else (E * 4 + moments) // n,
         "comm": buffers if ds.contiguous_gradients else 0,
     }
