@@ -491,15 +491,15 @@ def mixture_schedule(data: DataConfig):
 
 
 def _check_objective(o: ObjectiveConfig) -> None:
+    """The options are the objective's (``pretrain.objectives.check_options``), of their annotated types."""
     from pretrain import objectives
 
-    valid = objectives.options(o.name)
-    unknown = sorted(set(o.options) - set(valid))
-    if unknown:
+    try:
+        objectives.check_options(o.name, o.options)
+    except ValueError as err:
         raise ValueError(
-            f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
-            f"if they come from another objective's piece, drop them with ~objective.options"
-        )
+            f"objective.options: {err} (an option from another objective's piece: drop them with ~objective.options)"
+        ) from None
     hints = typing.get_type_hints(objectives.OBJECTIVES[o.name].__init__)
     for name, value in o.options.items():
         try:
