@@ -7,6 +7,8 @@ Steps are timed by the wall clock and by the process CPU clock: on a shared mach
 CPU-second = steps/s on a dedicated core, with ``--threads 1``) is the stable figure.
 The Lightning side runs as ``pretrain fit`` does: the CSV logger, throughput/MFU monitor, checkpoint
 callbacks (interval beyond the run), metrics every 10 steps (loss, accuracy, gradient norm, tokens, lr).
+Both sides are ``step_timing.py``'s (shared with ``bench_step_overhead.py``, which times nanoGPT's model size
+with guards and progress output on, and start-up).
 
     python benchmarks/bench_lightning_overhead.py [--steps 40] [--rounds 3] [--d-model 256] [--threads 2]
 """
@@ -16,97 +18,25 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback
-from pretrain.datamodules.prepare import prepare
-from pretrain.datamodules.tokenizer import train_bpe
-
-from pretrain import config
-from pretrain.training.module import STEP_TARGETS
-from pretrain.training.optim import build_optimizer, build_scheduler
-from pretrain.training.setup import build_data, prepare_run
-from pretrain.training.trainer import build_loggers, build_trainer
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-WARMUP = 5  # steps excluded from the timing (allocator warm-up, first-call costs)
-
-
-def now() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
-class StepClock(Callback):
-    """Wall and CPU time at the end of every optimizer step."""
-
-    def __init__(self) -> None:
-        self.times: list[tuple[float, float]] = []
-
-    def on_train_batch_end(self, trainer, *_) -> None:
-        if not trainer.fit_loop._should_accumulate():
-            self.times.append(now())
-
-
-def steps_per_second(times: list[tuple[float, float]]) -> tuple[float, float]:
-    """(steps per wall second, steps per CPU second) after the warm-up steps."""
-    n = len(times) - 1 - WARMUP
-    return n / (times[-1][0] - times[WARMUP][0]), n / (times[-1][1] - times[WARMUP][1])
+from step_timing import corpus_overrides, fit_clocks, plain_clocks, prepare_corpus, rate
 
 
 def overrides(work: Path, args: argparse.Namespace, tag: str) -> list[str]:
     return [
-        f"tokenizer.path={work / 'tokenizer.json'}",
-        f"data.sources.0.prepared={work / 'data'}",
-        f"run_dir={work / tag}",
-        "resume=null",
+        *corpus_overrides(work, tag),
         f"trainer.max_steps={args.steps}",
         f"trainer.val_check_interval={10 * args.steps}",
         f"checkpoint.every_n_steps={10 * args.steps}",
         "trainer.progress_bar=false",
-        "logger.wandb.enabled=false",
         f"model.d_model={args.d_model}",
         f"model.d_ff={4 * args.d_model}",
         "model.dropout=0.0",
         f"data.micro_batch_size={args.batch}",
         f"data.seq_len={args.seq_len}",
     ]
-
-
-def lightning_run(work: Path, args: argparse.Namespace, tag: str) -> tuple[float, float]:
-    run, resolved = config.load(REPO_ROOT / "recipes" / "gpt-tiny.yaml", overrides(work, args, tag))
-    parts = prepare_run(run, resolved)
-    clock = StepClock()
-    trainer = build_trainer(run, resolved, callbacks=[clock], loggers=build_loggers(run, resolved, None))
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
-    return steps_per_second(clock.times)
-
-
-def plain_run(work: Path, args: argparse.Namespace, tag: str) -> tuple[float, float]:
-    """The same step by hand: forward, sum of token losses / targets, backward, clip, AdamW, schedule."""
-    run, resolved = config.load(REPO_ROOT / "recipes" / "gpt-tiny.yaml", overrides(work, args, tag))
-    parts = prepare_run(run, resolved)
-    model, objective = parts["module"].model, parts["module"].objective
-    optimizer = build_optimizer(model, run.optim)
-    scheduler = build_scheduler(optimizer, run.optim, run.trainer.max_steps)
-    data = build_data(run, objective, parts["tokenizer"])
-    model.train()
-    times = []
-    for step, batch in enumerate(data.train_dataloader()):
-        if step == args.steps:
-            break
-        batch = data.on_before_batch_transfer(batch, 0)  # as under Lightning: all-ones masks dropped
-        batch.pop(STEP_TARGETS)
-        labels = batch.pop("labels")
-        loss_sum, n = objective.loss(model(**batch).logits, labels)
-        (loss_sum / n).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), run.trainer.gradient_clip_val)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        times.append(now())
-    return steps_per_second(times)
 
 
 def main() -> None:
@@ -121,13 +51,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        corpus = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
-        train_bpe([corpus], 1024, work / "tokenizer.json", min_frequency=2, show_progress=False)
-        prepare([corpus], work / "tokenizer.json", work / "data", val_fraction=0.05, progress=False)
+        prepare_corpus(work)
         results: dict[str, list[tuple[float, float]]] = {"plain": [], "lightning": []}
-        for r in range(args.rounds):
-            results["plain"].append(plain_run(work, args, f"plain{r}"))
-            results["lightning"].append(lightning_run(work, args, f"lightning{r}"))
+        for r in range(args.rounds):  # steps per second = 1 / seconds per step
+            results["plain"].append(
+                tuple(1 / x for x in rate(plain_clocks(overrides(work, args, f"plain{r}"))))
+            )
+            results["lightning"].append(
+                tuple(1 / x for x in rate(fit_clocks(overrides(work, args, f"fit{r}"))))
+            )
             (pw, pc), (lw, lc) = results["plain"][-1], results["lightning"][-1]
             print(f"round {r}: plain {pw:.3f} steps/s ({pc:.3f} per CPU-s), lightning {lw:.3f} ({lc:.3f})")
     print(

@@ -29,10 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
-RECIPE = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
-WARMUP = 5  # steps excluded from the per-step timing
+from step_timing import RECIPE, REPO_ROOT, corpus_overrides, prepare_corpus
+
 ABLATIONS = {  # pretrain fit with everything, and without one part (overrides)
     "everything": (),
     "no progress bar": ("trainer.progress_bar=false",),
@@ -51,16 +49,12 @@ NANOGPT_CPU = [  # nanoGPT's README, "I only have a macbook" (CPU), evaluated on
 def overrides(work: Path, tag: str, steps: int, progress_bar: bool = True) -> list[str]:
     """The tiny GPT at nanoGPT's CPU-recipe size; validation of 20 batches after the last step only."""
     return [
-        f"tokenizer.path={work / 'tokenizer.json'}",
-        f"data.sources.0.prepared={work / 'data'}",
-        f"run_dir={work / tag}",
-        "resume=null",
+        *corpus_overrides(work, tag),
         f"trainer.max_steps={steps}",
         f"trainer.val_check_interval={steps}",
         "trainer.limit_val_batches=20",
         f"checkpoint.every_n_steps={steps}",
         f"trainer.progress_bar={str(progress_bar).lower()}",
-        "logger.wandb.enabled=false",
         "model.dropout=0.0",
         "data.micro_batch_size=12",
         "data.seq_len=64",
@@ -139,64 +133,16 @@ def startup(work: Path, args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------------------------- per step
 def per_step(work: Path, args: argparse.Namespace) -> None:
     import torch
-    from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.profilers import SimpleProfiler
-
-    from pretrain import config
-    from pretrain.training.module import STEP_TARGETS
-    from pretrain.training.optim import build_optimizer, build_scheduler
-    from pretrain.training.setup import build_data, prepare_run
-    from pretrain.training.trainer import build_loggers, build_trainer
-
-    def now() -> tuple[float, float]:
-        return time.perf_counter(), time.process_time()
-
-    def rate(times: list[tuple[float, float]]) -> tuple[float, float]:
-        """(seconds per step on the wall clock, CPU seconds per step) after the warm-up steps."""
-        n = len(times) - 1 - WARMUP
-        return (times[-1][0] - times[WARMUP][0]) / n, (times[-1][1] - times[WARMUP][1]) / n
-
-    class StepClock(Callback):
-        def __init__(self) -> None:
-            self.times: list[tuple[float, float]] = []
-
-        def on_train_batch_end(self, trainer, *_) -> None:
-            self.times.append(now())
+    from step_timing import fit_clocks, plain_clocks, rate
 
     def lightning(tag: str, profile: bool, without: tuple[str, ...] = ()):
-        run, resolved = config.load(RECIPE, [*overrides(work, tag, args.steps), *without])
-        parts = prepare_run(run, resolved)
-        clock = StepClock()
-        trainer = build_trainer(run, resolved, callbacks=[clock], loggers=build_loggers(run, resolved, None))
-        if profile:
-            trainer.profiler = SimpleProfiler()
-        trainer.fit(parts["module"], datamodule=parts["datamodule"])
-        return rate(clock.times[: args.steps]), trainer.profiler if profile else None
+        profiler = SimpleProfiler() if profile else None
+        times = fit_clocks([*overrides(work, tag, args.steps), *without], profiler)
+        return rate(times[: args.steps]), profiler
 
     def plain(tag: str):
-        run, resolved = config.load(RECIPE, overrides(work, tag, args.steps))
-        parts = prepare_run(run, resolved)
-        model, objective = parts["module"].model, parts["module"].objective
-        optimizer = build_optimizer(model, run.optim)
-        scheduler = build_scheduler(optimizer, run.optim, run.trainer.max_steps)
-        data = build_data(run, objective, parts["tokenizer"])
-        data.setup("fit")
-        model.train()
-        times = []
-        for step, batch in enumerate(data.train_dataloader()):
-            if step == args.steps:
-                break
-            batch = data.on_before_batch_transfer(batch, 0)  # as under Lightning: all-ones masks dropped
-            batch.pop(STEP_TARGETS)
-            labels = batch.pop("labels")
-            loss_sum, n = objective.loss(model(**batch).logits, labels)
-            (loss_sum / n).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), run.trainer.gradient_clip_val)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            times.append(now())
-        return rate(times)
+        return rate(plain_clocks(overrides(work, tag, args.steps)))
 
     torch.set_num_threads(args.threads)
     results: dict[str, list[tuple[float, float]]] = {"plain": [], "fit": []}
@@ -251,13 +197,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.plain_startup:
         return plain_startup(args.plain_startup)
-    from pretrain.datamodules.prepare import prepare
-    from pretrain.datamodules.tokenizer import train_bpe
-
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        train_bpe([CORPUS], 1024, work / "tokenizer.json", min_frequency=2, show_progress=False)
-        prepare([CORPUS], work / "tokenizer.json", work / "data", val_fraction=0.05, progress=False)
+        prepare_corpus(work)
         if args.only != "step":
             startup(work, args)
         if args.only != "startup":

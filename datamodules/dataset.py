@@ -212,18 +212,19 @@ class BlendedDataset(Dataset):
         return Sample(index, self.datasets[d][i])
 
 
+def global_batch_size(micro_batch_size: int, world_size: int) -> int:
+    """Samples of one data-parallel batch over all ranks (an optimizer step reads k of them)."""
+    return micro_batch_size * world_size
+
+
 class ShardedSampler(DistributedSampler):
     """This rank's stream indices of epoch 0 in fixed order (validation); see the module docstring."""
 
     def __init__(self, epoch_size: int, micro_batch_size: int, *, rank: int = 0, world_size: int = 1):
-        if micro_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(
-                f"need micro_batch_size >= 1 and 0 <= rank < world_size, got micro_batch_size="
-                f"{micro_batch_size}, rank={rank}, world_size={world_size}"
-            )
+        assert 0 <= rank < world_size, (rank, world_size)
         self.epoch_size, self.micro_batch_size = epoch_size, micro_batch_size
         self.rank, self.num_replicas = rank, world_size
-        self.global_batch_size = micro_batch_size * world_size
+        self.global_batch_size = global_batch_size(micro_batch_size, world_size)
         self.batches_per_epoch = epoch_size // self.global_batch_size
         if self.batches_per_epoch == 0:
             raise ValueError(

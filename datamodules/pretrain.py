@@ -40,6 +40,7 @@ from pretrain.datamodules.dataset import (
     ResumableSampler,
     Sample,
     ShardedSampler,
+    global_batch_size,
 )
 from pretrain.datamodules.hashing import splitmix64
 from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend
@@ -156,9 +157,8 @@ class PretrainDataModule(L.LightningDataModule):
             raise ValueError(
                 f"got {len(weights)} weights for {len(self.data_dirs)} data_dirs; give one per dir"
             )
+        assert seq_len >= 1 and micro_batch_size >= 1, "checked by pretrain.config.validate"
         for name, value, low in [
-            ("seq_len", seq_len, 1),
-            ("micro_batch_size", micro_batch_size, 1),
             ("num_workers", num_workers, 0),
             ("seed", seed, 0),
             ("val_batches", 0 if val_batches is None else val_batches, 0),
@@ -219,7 +219,7 @@ class PretrainDataModule(L.LightningDataModule):
 
     @property
     def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.world_size
+        return global_batch_size(self.micro_batch_size, self.world_size)
 
     @property
     def batches_per_epoch(self) -> int:

@@ -33,8 +33,9 @@ def options(name: str) -> dict[str, object]:
     return {p.name: p.default for p in parameters}
 
 
-def build(name: str, tokenizer, **kwargs) -> Objective:
-    """Objective ``name`` for ``tokenizer``; ValueError naming the valid names / options when one is wrong."""
+def check_options(name: str, kwargs: dict[str, object]) -> None:
+    """ValueError naming the valid names / options when ``name`` or one of ``kwargs`` is wrong or a required
+    option is missing."""
     valid = options(name)
     unknown = sorted(set(kwargs) - set(valid))
     missing = sorted(
@@ -43,6 +44,11 @@ def build(name: str, tokenizer, **kwargs) -> Objective:
     if unknown or missing:
         problem = f"unknown options {unknown}" if unknown else f"missing required options {missing}"
         raise ValueError(f"objective {name!r}: {problem}; valid options: {sorted(valid)}")
+
+
+def build(name: str, tokenizer, **kwargs) -> Objective:
+    """Objective ``name`` for ``tokenizer``, its options checked (``check_options``)."""
+    check_options(name, kwargs)
     return OBJECTIVES[name](tokenizer, **kwargs)
 
 
@@ -58,6 +64,7 @@ __all__ = [
     "SkipGram",
     "SpanCorruption",
     "build",
+    "check_options",
     "options",
     "token_cross_entropy",
 ]

@@ -50,6 +50,38 @@ def tiny_world(tmp_path_factory) -> dict[str, Path]:
     return {"tokenizer": tokenizer, "data": data, "corpus": corpus}
 
 
+@pytest.fixture(scope="session")
+def tiny_gpt_run(tmp_path_factory, tiny_world) -> dict[str, Path]:
+    """A tiny GPT trained for 4 steps (validation at 2 and 4) through `pretrain fit` in process, shared by the
+    modules that read a trained checkpoint: ``{"recipe", "ckpt": last.ckpt, "dir"}``. Read it, never write to it."""
+    from training_utils import tiny_recipe
+
+    from pretrain.cli import main
+
+    directory = tmp_path_factory.mktemp("tiny_gpt_run")
+    recipe = tiny_recipe(directory, tiny_world, "gpt", trainer={"max_steps": 4, "val_check_interval": 2})
+    assert main(["fit", str(recipe)]) == 0
+    return {"recipe": recipe, "ckpt": directory / "run" / "checkpoints" / "last.ckpt", "dir": directory}
+
+
+@pytest.fixture(scope="session")
+def shakespeare(tmp_path_factory) -> dict:
+    """The recipes' tokenizer and prepared corpus, made by `pretrain tokenizer` / `pretrain prepare` on
+    recipes/gpt-tiny.yaml: ``{"root", "paths": the overrides pointing a recipe at them, "unigram": the unigram
+    entropy of the training tokens (nats)}``."""
+    import numpy as np
+    from pretrain.datamodules.indexed import IndexedDataset
+    from training_utils import run_cli
+
+    root = tmp_path_factory.mktemp("shakespeare")
+    paths = [f"tokenizer.path={root / 'tokenizer.json'}", f"data.sources.0.prepared={root / 'data'}"]
+    run_cli("tokenizer", "recipes/gpt-tiny.yaml", *paths)
+    run_cli("prepare", "recipes/gpt-tiny.yaml", *paths)
+    p = np.bincount(np.asarray(IndexedDataset(root / "data" / "train").tokens))
+    p = p[p > 0] / p.sum()  # H = -sum_v p(v) log p(v): the loss of the best context-free predictor of a token
+    return {"root": root, "paths": paths, "unigram": float(-(p * np.log(p)).sum())}
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny sequential kernels run far faster on one thread than on two contended ones (OpenMP barriers); a module

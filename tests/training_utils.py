@@ -128,11 +128,11 @@ def run_cli(
 class Background:
     """``pretrain *args`` running in the background (e.g. a reference run next to the one under test)."""
 
-    def __init__(self, *args: str, log: Path):
+    def __init__(self, *args: str, log: Path, **env: str):
         self.args, self.log = args, log
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
-                cli_command(*args), cwd=REPO_ROOT, env=cli_env(), stdout=out, stderr=subprocess.STDOUT
+                cli_command(*args), cwd=REPO_ROOT, env=cli_env(**env), stdout=out, stderr=subprocess.STDOUT
             )
 
     def wait(self, timeout: float = 600) -> None:
@@ -181,11 +181,13 @@ def fit_and_signal(
     signum: int = signal.SIGKILL,
     *overrides: str,
     whole_group: bool = True,
+    rank: int | None = None,
     timeout: float = 600,
 ) -> tuple[int, int, str]:
     """Start ``pretrain fit recipe *overrides`` and send ``signum`` as soon as ``last.ckpt`` holds step >=
-    ``at_step``: to its whole process group (every DDP rank) or to the launching process (rank 0) only. The
-    signal lands wherever training then is. Returns (that step, the exit status, the output)."""
+    ``at_step``: to its whole process group (every DDP rank), to the launching process (rank 0) only
+    (``whole_group=False``) or to the process of local rank ``rank`` only. The signal lands wherever training
+    then is. Returns (that step, the exit status of the launching process, the output)."""
     last = run_dir / "checkpoints" / "last.ckpt"
     log_path = run_dir.parent / f"signalled-{signal.Signals(signum).name}.log"
     with open(log_path, "w") as log:
@@ -202,7 +204,10 @@ def fit_and_signal(
             while proc.poll() is None and time.monotonic() < deadline:
                 step = checkpoint_step(last)
                 if step >= at_step:
-                    (os.killpg if whole_group else os.kill)(proc.pid, signum)
+                    if rank:
+                        os.kill(rank_pid(proc.pid, rank), signum)
+                    else:
+                        (os.killpg if whole_group and rank is None else os.kill)(proc.pid, signum)
                     status = proc.wait(max(1.0, deadline - time.monotonic()))
                     if signum == signal.SIGKILL and whole_group:
                         # a killed job loses every process it started (a scheduler kills the whole job); the W&B
@@ -220,6 +225,16 @@ def fit_and_signal(
     raise AssertionError(
         f"the run ended (status {proc.returncode}) before step {at_step} could be signalled; see {log_path}"
     )
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The pid of the process Lightning's launcher ``launcher`` started for local rank ``rank``."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"LOCAL_RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no process of local rank {rank} among {children}")
 
 
 def fit_and_kill(recipe: Path, run_dir: Path, kill_at_step: int, timeout: float = 600) -> int:

@@ -179,6 +179,9 @@ class DeepSpeedConfig:
     contiguous_gradients: bool = True
     allgather_bucket_size: int = 200_000_000
     reduce_bucket_size: int = 200_000_000
+    # ZeRO-3 keeps parameters with fewer elements than this whole on every rank (DeepSpeed's
+    # stage3_param_persistence_threshold); 0 partitions all of them
+    param_persistence_threshold: int = 100_000
 
 
 @dataclass
@@ -491,15 +494,15 @@ def mixture_schedule(data: DataConfig):
 
 
 def _check_objective(o: ObjectiveConfig) -> None:
+    """The options are the objective's (``pretrain.objectives.check_options``), of their annotated types."""
     from pretrain import objectives
 
-    valid = objectives.options(o.name)
-    unknown = sorted(set(o.options) - set(valid))
-    if unknown:
+    try:
+        objectives.check_options(o.name, o.options)
+    except ValueError as err:
         raise ValueError(
-            f"objective.options {unknown} are not options of objective {o.name!r} (valid: {sorted(valid)}); "
-            f"if they come from another objective's piece, drop them with ~objective.options"
-        )
+            f"objective.options: {err} (an option from another objective's piece: drop them with ~objective.options)"
+        ) from None
     hints = typing.get_type_hints(objectives.OBJECTIVES[o.name].__init__)
     for name, value in o.options.items():
         try:

@@ -81,7 +81,11 @@ def import_torchmetrics_lean(hidden: tuple[str, ...] = TORCHMETRICS_EXTRAS) -> N
     sys.meta_path.insert(0, hook)
     sys.modules.update(dict.fromkeys(blocked))
     try:
-        import torchmetrics  # noqa: F401
+        import torchmetrics
+
+        lean = True
+    except ImportError:  # a torchmetrics release that needs one of them: imported as it is below
+        lean = False
     finally:
         sys.meta_path.remove(hook)
         for name in blocked:
@@ -90,6 +94,10 @@ def import_torchmetrics_lean(hidden: tuple[str, ...] = TORCHMETRICS_EXTRAS) -> N
         from lightning_utilities.core.imports import package_available
 
         package_available.cache_clear()  # it cached "absent" for the hidden ones
+    if not lean:
+        for name in [m for m in sys.modules if m.split(".")[0] == "torchmetrics"]:
+            del sys.modules[name]
+        import torchmetrics  # noqa: F401
 
 
 import_torchmetrics_lean()  # before Lightning's first import (every training path imports this module first)

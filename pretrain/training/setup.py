@@ -27,7 +27,7 @@ def build_objective(run: RunConfig, tokenizer: Any) -> Any:
     options = dict(run.objective.options)
     if run.tokenizer.special_tokens and "special_tokens" in objectives.options(run.objective.name):
         options.setdefault("special_tokens", dict(run.tokenizer.special_tokens))
-    objective = objectives.build(run.objective.name, tokenizer, **options)
+    objective = objectives.OBJECTIVES[run.objective.name](tokenizer, **options)  # options checked by validate
     objective.check_architecture(run.model.arch)
     check_tokenizer(tokenizer, run.model.vocab_size, objective.required_tokens, run.tokenizer.special_tokens)
     check_monitor(run, objective)

@@ -33,12 +33,9 @@ def one_error_line(capsys, *args) -> str:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tiny_world):
-    """A tiny GPT (learned positions, 64 of them) after one `pretrain fit` step."""
-    directory = tmp_path_factory.mktemp("trained")
-    recipe = tiny_recipe(directory, tiny_world, "gpt", trainer={"max_steps": 1, "val_check_interval": 100})
-    assert main(["fit", str(recipe)]) == 0
-    return directory / "run" / "checkpoints" / "last.ckpt"
+def checkpoint(tiny_gpt_run):
+    """A tiny GPT (learned positions, 64 of them) trained by `pretrain fit` (the session's)."""
+    return tiny_gpt_run["ckpt"]
 
 
 # ---------------------------------------------------------------------------------------- export

@@ -23,12 +23,9 @@ def pretrain(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_world):
-    """A tiny GPT trained for 4 steps through `pretrain fit` (in process)."""
-    directory = tmp_path_factory.mktemp("trained")
-    recipe = tiny_recipe(directory, tiny_world, "gpt", trainer={"max_steps": 4, "val_check_interval": 2})
-    assert main(["fit", str(recipe)]) == 0
-    return {"recipe": recipe, "ckpt": directory / "run" / "checkpoints" / "last.ckpt", "dir": directory}
+def trained(tiny_gpt_run):
+    """A tiny GPT trained for 4 steps through `pretrain fit` (in process; the session's)."""
+    return tiny_gpt_run
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from training_utils import REPO_ROOT, cli_env, run_cli
+from training_utils import REPO_ROOT, Background, cli_env, run_cli
 
 from pretrain.evaluation.context_length import by_context, position_losses
 from pretrain.models.config import ModelConfig
@@ -40,16 +40,20 @@ def test_long_context_recipes_run(tmp_path, shared_data):
     run_cli("prepare", "recipes/swa-decoder-wikitext2.yaml", *paths, PRETRAIN_SHARED_DATA=str(shared_data))
     quick = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
     quick += ["trainer.progress_bar=false", "logger.wandb.enabled=false", "checkpoint.every_n_steps=2"]
-    for recipe in ("bigbird-wikitext2", "swa-decoder-wikitext2"):
-        run_dir = tmp_path / recipe
-        run_cli(
+    fits = [  # side by side: one thread each
+        Background(
             "fit",
             f"recipes/{recipe}.yaml",
             *paths,
             *quick,
-            f"run_dir={run_dir}",
+            f"run_dir={tmp_path / recipe}",
+            log=tmp_path / f"{recipe}.log",
             PRETRAIN_SHARED_DATA=str(shared_data),
         )
+        for recipe in ("bigbird-wikitext2", "swa-decoder-wikitext2")
+    ]
+    for fit in fits:
+        fit.wait()
     command = [
         sys.executable,
         "-m",

@@ -1,5 +1,6 @@
 """Data parallel on CPU (gloo, 2 processes launched by Lightning from the CLI): same loss curve as one process with
-the whole batch, and exact resume after a SIGKILL of every rank."""
+the whole batch, and exact resume after a SIGKILL of every rank or of rank 1 only (rank 0 then stops with one
+line naming it)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from training_utils import (
     Background,
     fit_and_kill,
+    fit_and_signal,
     metric_by_step,
     model_weights,
     read_metrics,
@@ -68,9 +70,16 @@ def test_ddp_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kin
             checkpoint={"every_n_steps": 1, "save_top_k": 1},
         )
     reference = Background("fit", str(runs["full"]), log=tmp_path / "full.log")
-    step = fit_and_kill(
-        runs["killed"], tmp_path / "killed" / "run", kill_at_step=random.Random(0).randint(1, 3)
-    )
+    at = random.Random(0).randint(1, 3)
+    if kind == "t5":  # one rank killed: the survivor stops with one line naming it, then the job is rerun
+        step, status, output = fit_and_signal(runs["killed"], tmp_path / "killed" / "run", at, rank=1)
+        errors = [line for line in output.splitlines() if line.startswith("pretrain fit: error: ")]
+        assert status == 2 and len(errors) == 1 and "Traceback" not in output, output
+        assert (
+            errors[0].startswith("pretrain fit: error: rank 1 died") and "rerun the same command" in errors[0]
+        )
+    else:  # every rank killed, as a scheduler kills a job
+        step = fit_and_kill(runs["killed"], tmp_path / "killed" / "run", kill_at_step=at)
     assert step < 6
     run_cli("fit", str(runs["killed"]))
     reference.wait()

@@ -34,12 +34,14 @@ def commands(readme: Path, after: str) -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("pretrain ")]
 
 
-def run(work: Path, argv: list[str], verb: str | None = None) -> str:
-    verb = verb or argv[1]
+def run(work: Path, argv: list[str], overrides: str | None = None) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "pretrain", *argv[1:]] if argv[0] == "pretrain" else argv,
         cwd=work,
-        env=cli_env(PRETRAIN_OVERRIDES=SHORT.get(verb, ""), PYTHON=sys.executable),
+        env=cli_env(
+            PRETRAIN_OVERRIDES=SHORT.get(argv[1], "") if overrides is None else overrides,
+            PYTHON=sys.executable,
+        ),
         capture_output=True,
         text=True,
         timeout=600,
@@ -52,9 +54,14 @@ def run(work: Path, argv: list[str], verb: str | None = None) -> str:
 
 
 @pytest.mark.slow
-def test_documented_commands_run_in_order_after_make_demo(tmp_path):
+def test_documented_commands_run_in_order_after_make_demo(tmp_path, shakespeare):
     work = tmp_path / "work"
     (work / "recipes").mkdir(parents=True)
+    # the recipes' tokenizer and prepared corpus, as `pretrain tokenizer` / `prepare` wrote them (the session's):
+    # the demo reuses them, as a second `make demo` does
+    (work / "runs" / "tokenizers").mkdir(parents=True)
+    shutil.copy(shakespeare["root"] / "tokenizer.json", work / "runs/tokenizers/tinyshakespeare-bpe1k.json")
+    shutil.copytree(shakespeare["root"] / "data", work / "runs/data/tinyshakespeare-bpe1k")
     shutil.copy(REPO_ROOT / "recipes" / "demo.sh", work / "recipes" / "demo.sh")  # it runs from its parent
     shared = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
     if shared.is_dir():  # `--data-root ../shared/data` as the README writes it
@@ -63,8 +70,19 @@ def test_documented_commands_run_in_order_after_make_demo(tmp_path):
         dev = tmp_path / "dev.tsv"  # the finetune's final evaluation on 16 SST-2 rows, not 872
         dev.write_text("".join((shared / "cls/glue/SST-2/dev.tsv").read_text().splitlines(True)[:17]))
         SHORT["finetune"] += f" data.val_file={dev}"
-    run(work, ["bash", "recipes/demo.sh"], verb="fit")  # `make demo` after `make install`
+    # `make demo` after `make install`, with its offline W&B run
+    out = run(work, ["bash", "recipes/demo.sh"], SHORT["fit"].replace("logger.wandb.enabled=false", ""))
     assert (work / "runs/gpt-tiny/checkpoints/last.ckpt").is_file()
+    assert "reusing it" in out and "prepared tinyshakespeare" in out
+    assert "== pretrain fit: done ==" in out and "--- sample 0 ---\nROMEO:" in out
+    # the offline W&B run is where our summary says (its directory; W&B's file format is not ours to read)
+    (line,) = [ln for ln in out.splitlines() if "W&B run:" in ln]
+    wandb_dir = (work / line.rsplit(" ", 1)[1]).resolve()
+    assert (
+        "(offline)" in line
+        and wandb_dir.is_dir()
+        and wandb_dir.is_relative_to((work / "runs/gpt-tiny").resolve())
+    )
 
     readme = commands(REPO_ROOT / "README.md", "## The CLI")
     assert len(readme) == 10

@@ -1,35 +1,15 @@
-"""The tiny recipes train through the CLI on the shipped corpus and beat the unigram baseline; demo.sh runs."""
+"""The tiny recipes train through the CLI on the shipped corpus and beat the unigram baseline (demo.sh runs in
+``test_documented_commands.py``)."""
 
 from __future__ import annotations
 
 import math
-import subprocess
 
-import numpy as np
 import pytest
-from pretrain.datamodules.indexed import IndexedDataset
-from training_utils import REPO_ROOT, Background, cli_env, metric_by_step, read_metrics, run_cli
+from training_utils import REPO_ROOT, Background, metric_by_step, read_metrics
 
 # optimizer steps per recipe (the recipes' own batch and model); the three run side by side
 STEPS = {"gpt-tiny": 60, "t5-tiny": 80, "bert-tiny": 300}
-
-
-def unigram_entropy(tokens: np.ndarray) -> float:
-    """H = -sum_v p(v) log p(v) in nats: the loss of the best context-free predictor of a token."""
-    p = np.bincount(tokens) / len(tokens)
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum())
-
-
-@pytest.fixture(scope="module")
-def shakespeare(tmp_path_factory) -> dict:
-    """The recipes' tokenizer and prepared corpus, made by `pretrain tokenizer` / `pretrain prepare`."""
-    root = tmp_path_factory.mktemp("shakespeare")
-    paths = [f"tokenizer.path={root / 'tokenizer.json'}", f"data.sources.0.prepared={root / 'data'}"]
-    run_cli("tokenizer", "recipes/gpt-tiny.yaml", *paths)
-    run_cli("prepare", "recipes/gpt-tiny.yaml", *paths)
-    tokens = np.asarray(IndexedDataset(root / "data" / "train").tokens)
-    return {"root": root, "paths": paths, "unigram": unigram_entropy(tokens)}
 
 
 @pytest.fixture(scope="module")
@@ -65,37 +45,6 @@ def test_tiny_recipe_beats_the_unigram_baseline(shakespeare, trained, recipe):
     baseline = shakespeare["unigram"]
     assert 5.0 < baseline < 7.0  # a 1024-token BPE on English text
     assert val[STEPS[recipe] - 1] < baseline - 0.1, (recipe, val, baseline)  # 10% lower perplexity at least
-
-
-@pytest.mark.slow
-def test_demo_script_runs_end_to_end(shakespeare, tmp_path):
-    out = subprocess.run(
-        [
-            "bash",
-            "recipes/demo.sh",
-            *shakespeare["paths"],
-            f"run_dir={tmp_path / 'run'}",
-            "trainer.max_steps=3",
-            "trainer.val_check_interval=3",
-            "trainer.limit_val_batches=1",
-            "data.micro_batch_size=2",
-        ],
-        cwd=REPO_ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "reusing it" in out.stdout and "prepared tinyshakespeare" in out.stdout
-    assert "== pretrain fit: done ==" in out.stdout and "W&B run:" in out.stdout
-    assert "--- sample 0 ---\nROMEO:" in out.stdout
-    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
-    # the offline W&B run is where our summary says (its directory; W&B's file format is not ours to read)
-    (line,) = [ln for ln in out.stdout.splitlines() if "W&B run:" in ln]
-    run_dir = (REPO_ROOT / line.rsplit(" ", 1)[1]).resolve()
-    assert "(offline)" in line and run_dir.is_dir() and run_dir.is_relative_to((tmp_path / "run").resolve())
 
 
 @pytest.mark.parametrize("recipe", ["ul2-tiny", "prefixlm-tiny"])
