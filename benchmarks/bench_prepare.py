@@ -21,6 +21,9 @@ repeated to ``--size-mb``; the tokenizer is GPT-2's (else a BPE trained on the s
 
     python benchmarks/bench_prepare.py [--size-mb 16] [--repeats 3] [--tokenizer PATH]
 
+``--scan-cost`` times the executor's scan stage (what ``--executor`` adds for ``dedup: exact`` or a file cut in
+byte ranges) against ``prepare`` on the same corpus, in CPU seconds.
+
 ``--growth 100,1000 --tasks 1,2 [--methods prepare,executor,datatrove]`` measures cost as the corpus grows: the text (paragraphs shuffled by a fixed
 seed, as JSONL in 8 files so tasks have files to split) tokenized by ``prepare(num_workers=N)``,
 ``prepare_in_tasks`` (datatrove local executor, N tasks) and datatrove's own ``JsonlReader`` ->
@@ -139,6 +142,9 @@ def main() -> None:
         help="--growth: which of prepare,executor,datatrove",
     )
     parser.add_argument(
+        "--scan-cost", action="store_true", help="the executor's scan stage vs prepare, CPU seconds"
+    )
+    parser.add_argument(
         "--one", nargs=4, metavar=("METHOD", "CORPUS_DIR", "TOKENIZER", "N"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -166,6 +172,9 @@ def main() -> None:
 
         if args.scaling:
             scaling(args, corpus, tokenizer, tokenizer_file, tmp, size_mb)
+            return
+        if args.scan_cost:
+            scan_cost(args, corpus, tokenizer, tmp)
             return
         best: dict[str, tuple[Timer, int]] = {}
         for rep in range(args.repeats):
@@ -233,6 +242,26 @@ def scaling(args, corpus: Path, tokenizer, tokenizer_file: Path, tmp: Path, size
             print(
                 f"prepare / run_clm at {n} process(es): wall {clm.wall / prep.wall:.2f}x, cpu {clm.cpu / prep.cpu:.2f}x"
             )
+
+
+def scan_cost(args, corpus: Path, tokenizer, tmp: Path) -> None:
+    """CPU seconds of the executor's scan stage (read, split, hash every document: what ``--executor`` adds for
+    ``dedup: exact`` or a file cut in byte ranges) over those of ``prepare`` on the same corpus."""
+    from pretrain.datamodules.prepare import text_digest
+
+    def scan() -> None:
+        for doc in iter_documents(resolve_sources(corpus)):
+            text_digest(doc)
+
+    best = {"scan": float("inf"), "prepare": float("inf")}
+    for _ in range(args.repeats):
+        for name, run in (("scan", scan), ("prepare", lambda: run_prepare(corpus, tokenizer, tmp / "p"))):
+            with Timer() as timer:
+                run()
+            best[name] = min(best[name], timer.cpu)
+    print(
+        f"scan {best['scan']:.2f} cpu s, prepare {best['prepare']:.2f} cpu s: scan / prepare {best['scan'] / best['prepare']:.3f}"
+    )
 
 
 def write_jsonl_corpus(directory: Path, size_mb: float, files: int = 8) -> int:

@@ -322,9 +322,8 @@ def leg_plan(work: Path, profile: dict, strategy: str) -> dict:
                  f"trainer.max_steps={n}", "trainer.compile=false", "checkpoint.save_top_k=0",
                  f"checkpoint.every_n_steps={10 * n}", "guards.nonfinite.enabled=false"]  # fmt: skip
     run, resolved = config.load(work / "recipe.yaml", overrides)
-    estimate = plan.per_gpu(
-        plan.trace(run, run.data.micro_batch_size, False), strategy, profile["devices"], run
-    )
+    traces = plan.traces(run, run.data.micro_batch_size, False, profile["devices"])
+    estimate = plan.per_gpu(traces, strategy, profile["devices"], run)
 
     class Peak(Callback):
         value = 0

@@ -409,6 +409,8 @@ def _text_documents(source: Source, document: str, policy: str, stats: CorpusSta
         return
     if mode == "line":
         for text in blocks:
+            if not text:  # a block whose only line was invalid UTF-8, skipped: no line at all
+                continue
             lines = text.split("\n")
             yield from lines[:-1] if text.endswith("\n") else lines
         return

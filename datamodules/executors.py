@@ -105,9 +105,10 @@ def task_pieces(
     runs = []
     for (fa, oa), (fb, ob) in itertools.pairwise(cuts):
         last = fb if ob > 0 else fb - 1
-        runs.append(
-            [Piece(f, oa if f == fa else 0, ob if f == fb else None) for f in range(fa, min(last, n - 1) + 1)]
-        )
+        pieces = [
+            Piece(f, oa if f == fa else 0, ob if f == fb else None) for f in range(fa, min(last, n - 1) + 1)
+        ]
+        runs.append([p for p in pieces if p.end is None or p.end > p.start])  # two cuts at one start: empty
     return runs
 
 
@@ -118,14 +119,12 @@ def _source(spec: dict, piece: Sequence, first_line: int = 1) -> Source:
 
 def _newlines(source: Source) -> int:
     """Line breaks in the source's byte range."""
-    count, left = 0, None if source.end is None else source.end - source.start
+    count, left = 0, source.size
     with open(source.location, "rb") as f:
         f.seek(source.start)
-        while (block := f.read(1 << 20 if left is None else min(1 << 20, left))) and (
-            left is None or left > 0
-        ):
+        while left > 0 and (block := f.read(min(1 << 20, left))):
             count += block.count(b"\n")
-            left = None if left is None else left - len(block)
+            left -= len(block)
     return count
 
 

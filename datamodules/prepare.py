@@ -13,7 +13,8 @@ Validation split. The position of a document in the input stream is ``(f, i)``: 
 file among the resolved inputs and its ordinal ``i`` among that file's non-blank documents. It goes to ``val``
 iff ``u(f, i) < val_fraction`` with ``u = splitmix64(i + splitmix64(seed ^ f * 0x9E37...)) / 2**64``:
 deterministic, independent of batching, stable when documents or files are appended, and computable by a
-task that reads only some files (``pretrain.datamodules.executors``), so every task count gives the same split.
+task that reads only some files or a byte range of one, given the number of documents before it
+(``pretrain.datamodules.executors``), so every task count gives the same split.
 
 ``dedup="exact"`` drops a document whose text (BLAKE2b-128 of its UTF-8) equals an earlier one's in stream
 order; a dropped document keeps its position, so the others' split does not change.
@@ -54,7 +55,7 @@ from pretrain.datamodules.corpus import (
     resolve_sources,
 )
 from pretrain.datamodules.hashing import splitmix64
-from pretrain.datamodules.indexed import IndexedWriter, token_dtype
+from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 from pretrain.datamodules.storage import atomic_write_text, exclusive, naming, replace_path
 from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
 from tokenizers import Tokenizer
@@ -258,6 +259,11 @@ def split_prefixes(prepared_dir: str | os.PathLike, split: str) -> list[Path]:
     directory = Path(prepared_dir)
     shards = read_meta(directory).get("shards") if (directory / META_FILE).is_file() else None
     return [directory / f"{split}-{s}" for s in shards] if shards else [directory / split]
+
+
+def shard_tokens(prepared_dir: str | os.PathLike, split: str) -> list[np.ndarray]:
+    """The (memory-mapped) token arrays of ``split``'s shards (``split_prefixes``), in stream order."""
+    return [IndexedDataset(p).tokens for p in split_prefixes(prepared_dir, split)]
 
 
 def _complete(directory: Path, meta: dict) -> bool:

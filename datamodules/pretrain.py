@@ -43,7 +43,6 @@ from pretrain.datamodules.dataset import (
     global_batch_size,
 )
 from pretrain.datamodules.hashing import splitmix64
-from pretrain.datamodules.indexed import IndexedDataset
 from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend
 from tokenizers import Tokenizer
 from torch import Tensor
@@ -230,14 +229,10 @@ class PretrainDataModule(L.LightningDataModule):
     # --- datasets -------------------------------------------------------------------------------------
     def _corpora(self, split: str) -> list[PackedDataset]:
         """One packed corpus per directory; a directory prepared in tasks is its shards' concatenation."""
-        from pretrain.datamodules.prepare import split_prefixes
+        from pretrain.datamodules.prepare import shard_tokens
 
         return [
-            PackedDataset(
-                [IndexedDataset(p).tokens for p in split_prefixes(d, split)],
-                self.sample_length,
-                name=str(d / split),
-            )
+            PackedDataset(shard_tokens(d, split), self.sample_length, name=str(d / split))
             for d in self.data_dirs
         ]
 

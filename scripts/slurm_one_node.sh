@@ -58,8 +58,9 @@ TINY=(model.n_layer=2 model.d_model=64 model.d_ff=256 data.seq_len=64 data.micro
 $PYTHON -m pretrain tokenizer "$REPO/recipes/gpt-tiny.yaml"
 $PYTHON -m pretrain prepare "$REPO/recipes/gpt-tiny.yaml"
 
-# `prepare --executor slurm`: the corpus in 2 files -> a 2-task datatrove job array; once it is done the same call
-# assembles the shards, which must hold, byte for byte, what plain `prepare` writes (PREPARE_ONLY=1 stops here)
+# `prepare --executor slurm` with dedup exact: the corpus in 2 files -> a 2-task datatrove job array for the scan
+# stage (hashes), then one for the tokenize stage; each rerun of the same call goes on, the last assembles the
+# shards, which must hold, byte for byte, what plain `prepare` writes (PREPARE_ONLY=1 stops here)
 $PYTHON - "$REPO" <<'PY'
 import subprocess, sys, time
 from pathlib import Path
@@ -70,21 +71,24 @@ from pretrain.datamodules.prepare import prepare, split_prefixes
 text = (Path(sys.argv[1]) / "recipes/data/tinyshakespeare.txt").read_text()
 parts = [Path(f"part{i}.txt") for i in range(2)]
 for i, part in enumerate(parts):
-    part.write_text(text[i * len(text) // 2 : (i + 1) * len(text) // 2])
+    part.write_text(text[i * len(text) // 2 : (i + 1) * len(text) // 2] + text[:20_000])  # repeats
 tok = "runs/tokenizers/tinyshakespeare-bpe1k.json"
-plain = prepare(parts, tok, "prepared-plain", val_fraction=0.05, progress=False)
+settings = {"val_fraction": 0.05, "dedup": "exact"}
+plain = prepare(parts, tok, "prepared-plain", progress=False, **settings)
 options = {"partition": "local", "time": "00:10:00", "mem_per_cpu_gb": 1}
-first = prepare_in_tasks(parts, tok, "prepared-slurm", executor="slurm", tasks=2, val_fraction=0.05, executor_options=options)
-assert first.get("submitted"), first
-print(f"submitted: tasks {first['tasks_pending']} pending")
-while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
-    time.sleep(2)
-meta = prepare_in_tasks(parts, tok, "prepared-slurm", executor="slurm", tasks=2, val_fraction=0.05, executor_options=options)
+stages = []
+while (meta := prepare_in_tasks(parts, tok, "prepared-slurm", executor="slurm", tasks=2, executor_options=options, **settings)).get("submitted"):
+    stages.append(meta["stage"])
+    print(f"submitted {meta['stage']}: tasks {meta['tasks_pending']} pending")
+    while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+        time.sleep(2)
+assert stages == ["scan", "tokenize"], stages
 for split in ("train", "val"):
     joined = b"".join(Path(f"{p}.bin").read_bytes() for p in split_prefixes("prepared-slurm", split))
     assert joined == Path(f"prepared-plain/{split}.bin").read_bytes(), split
 assert meta["cache_key"] == plain["cache_key"] and meta["shards"] == ["00000", "00001"]
-print(f"OK: prepare --executor slurm (2 array tasks) = plain prepare, byte for byte ({meta['splits']})")
+assert meta["duplicates_dropped"] == plain["duplicates_dropped"] > 0
+print(f"OK: prepare --executor slurm (2 stages of 2 array tasks, dedup exact) = plain prepare, byte for byte ({meta['splits']}, {meta['duplicates_dropped']} duplicates)")
 PY
 [ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
 

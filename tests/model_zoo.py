@@ -74,3 +74,33 @@ SCORING_ARCHS = {
         "pad_token_id": 0,
     },
 }
+
+
+def random_hf_t5(vocab_size: int, eos: int, pad: int, **config):
+    """A small random transformers ``T5ForConditionalGeneration`` (seed 0; ``config`` overrides T5Config
+    fields) with every parameter times 3: peaked distributions, so decoding choices are clear-cut."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    settings = {
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 2,
+        "num_heads": 4,
+        "relative_attention_num_buckets": 8,
+        "relative_attention_max_distance": 16,
+    }
+    cfg = transformers.T5Config(
+        vocab_size=vocab_size,
+        decoder_start_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        **settings | config,
+    )
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model

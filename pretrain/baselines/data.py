@@ -10,7 +10,6 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from pretrain.config import RunConfig, SourceConfig
-from pretrain.datamodules.indexed import IndexedDataset
 
 
 def ensure_tokenizer(run: RunConfig) -> Tokenizer:
@@ -57,8 +56,11 @@ def prepared_dirs(run: RunConfig, tokenizer: Tokenizer) -> list[Path]:
 
 
 def split_tokens(directories: Sequence[Path], split: str) -> np.ndarray:
-    """The token streams of ``split`` of prepared directories, one after the other (1-D int64)."""
-    parts = [np.asarray(IndexedDataset(Path(d) / split).tokens, dtype=np.int64) for d in directories]
+    """The token streams of ``split`` of prepared directories (a directory prepared in tasks: its shards in
+    order, as the datamodule reads it), one after the other (1-D int64)."""
+    from pretrain.datamodules.prepare import shard_tokens
+
+    parts = [np.asarray(t, dtype=np.int64) for d in directories for t in shard_tokens(d, split)]
     tokens = np.concatenate(parts) if parts else np.empty(0, np.int64)
     if tokens.size == 0:
         raise ValueError(f"the {split} split of {[str(d) for d in directories]} is empty")

@@ -179,6 +179,9 @@ class DeepSpeedConfig:
     contiguous_gradients: bool = True
     allgather_bucket_size: int = 200_000_000
     reduce_bucket_size: int = 200_000_000
+    # ZeRO-3 keeps parameters with fewer elements than this whole on every rank (DeepSpeed's
+    # stage3_param_persistence_threshold); 0 partitions all of them
+    param_persistence_threshold: int = 100_000
 
 
 @dataclass

@@ -52,9 +52,11 @@ def merge(lora: Any) -> Transformer:
 
 
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
-    """``(trainable, total)`` parameters of ``model`` (shared tensors once)."""
+    """``(trainable, total)`` parameters of ``model`` (shared tensors once; a ZeRO-3 partitioned parameter by
+    its full size ``ds_numel``, as its local tensor is empty)."""
     params = {id(p): p for p in model.parameters()}.values()
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in params]
+    return sum(n for n, trainable in sizes if trainable), sum(n for n, _ in sizes)
 
 
 def trainable_summary(model: nn.Module) -> str:

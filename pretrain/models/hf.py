@@ -235,9 +235,12 @@ def _bert_rules(cfg: ModelConfig, pooler: str = "pooler.dense") -> list[Rule]:
     if cfg.lm_head:
         rules += _linear("mlm_transform.dense", ["cls.predictions.transform.dense"], True)
         rules += _norm("mlm_transform.norm", "cls.predictions.transform.LayerNorm", True)
+        # transformers 5 ties decoder.bias to cls.predictions.bias only with a tied head; untied, the forward
+        # adds decoder.bias and cls.predictions.bias is unused (to_hf sets it equal)
+        bias = "cls.predictions.bias" if cfg.tie_embeddings else "cls.predictions.decoder.bias"
         rules += [
             ("lm_head.weight", ("cls.predictions.decoder.weight",), False),
-            ("lm_head.bias", ("cls.predictions.bias",), False),
+            ("lm_head.bias", (bias,), False),
         ]
     return rules
 
@@ -524,20 +527,34 @@ def from_hf(hf_model: Any) -> Transformer:
 def standard_equivalent(model: Transformer) -> Transformer:
     """``model`` under standard parametrization, computing the same function: muP's multipliers folded into the
     weights. Attention q k^T / d_h = (d_h^-1/2 q) k^T / sqrt(d_h): the query rows (or the q_norm gain) times
-    d_h^-1/2; logits W (h / m) = (W / m) h: the LM head times 1/m, untied from the embedding when it was tied.
-    Returns ``model`` itself under standard parametrization."""
+    d_h^-1/2. Logits W (t / m) + b with t = norm(x) g + beta: into that norm (g / m, beta / m) -- BERT's head
+    transform (the encoder's outputs unchanged), or a tied T5's final decoder norm (its decoder states scale by
+    1/m; tied so that transformers' re-tying, e.g. in lm-eval, cannot swap the head); otherwise (W / m) h, the LM
+    head times 1/m, untied from the embedding when it was tied. Returns ``model`` itself under standard
+    parametrization."""
     cfg = model.config
     if cfg.parametrization == "standard":
         return model
     m, tied = cfg.width_mult, cfg.tie_embeddings and cfg.lm_head
+    if model.mlm_transform is not None:
+        into_norm = "mlm_transform.norm"
+    else:
+        into_norm = "decoder.norm" if tied and cfg.arch == "encoder-decoder" else None
+    into_head = cfg.lm_head and into_norm is None
     folded = Transformer(
-        dataclasses.replace(cfg, parametrization="standard", tie_embeddings=cfg.tie_embeddings and m == 1.0)
+        dataclasses.replace(
+            cfg, parametrization="standard", tie_embeddings=cfg.tie_embeddings and (m == 1.0 or not into_head)
+        )
     )
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    if tied and m != 1.0:
-        state["lm_head.weight"] = state["embed.tok.weight"].clone()
-    if cfg.lm_head:
+    if into_head:
+        if tied and m != 1.0:
+            state["lm_head.weight"] = state["embed.tok.weight"].clone()
         state["lm_head.weight"] /= m
+    elif cfg.lm_head:
+        for key in (f"{into_norm}.weight", f"{into_norm}.bias"):
+            if key in state:
+                state[key] /= m
     if cfg.attn_scale == "default":
         q_rows = cfg.n_head * cfg.head_dim
         for name, module in model.named_modules():
@@ -588,6 +605,8 @@ def to_hf(model: Transformer) -> Any:
         sizes = [hf_shapes[k][-1 if transpose else 0] for k in keys]
         for k, part in zip(keys, ours[key].split(sizes, dim=0), strict=True):
             state[k] = part.t() if transpose else part
+    if "cls.predictions.decoder.bias" in state:  # untied BERT: the unused twin of the bias (see _bert_rules)
+        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
     missing, unexpected = hf_model.load_state_dict(state, strict=False)
     untied = set(missing) - set(hf_model.all_tied_weights_keys)
     if unexpected or untied:

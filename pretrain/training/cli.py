@@ -366,8 +366,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 )
                 if meta.get("submitted"):
                     print(
-                        f"submitted {source.name}: tasks {meta['tasks_pending']} pending under SLURM (logs in "
-                        f"{meta['staging']}); rerun this command once they finish to assemble {source.prepared}"
+                        f"submitted {source.name}: {meta['stage']} tasks {meta['tasks_pending']} pending under SLURM "
+                        f"(logs in {meta['staging']}); rerun this command once they finish: it goes on to the next "
+                        f"stage or assembles {source.prepared}"
                     )
                     continue
         except InvalidUTF8Error as err:

@@ -50,17 +50,28 @@ def fake_process_group(world: int) -> Iterator[Any]:
 
 
 def trace_peak(
-    model: nn.Module, optimizer: torch.optim.Optimizer, step: Callable[[], None], repeats: int = 2
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: Callable[[], None],
+    repeats: int = 2,
+    setup: Callable[[], None] | None = None,
 ) -> dict[str, int]:
     """Bytes at the peak of ``repeats`` calls of ``step()`` (the second training step holds the optimizer
     state): ``params`` (and buffers), ``grads``, ``optimizer``, ``activations`` (activations, temporaries and
-    anything else) and ``total``, on the model's device."""
+    anything else) and ``total``, on the model's device. ``setup()`` (wrapping the model in a strategy) runs
+    first inside the tracker, so what it allocates is counted, but its own transient peak is not (as
+    ``torch.cuda.reset_peak_memory_stats`` at the start of training: the tracker's peak is reset to what is
+    live, its private ``_peak_mem`` / ``_peak_mem_snap``, as its ``__enter__`` sets them)."""
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.tensor import _sharding_prop
 
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
     with tracker, mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *args: None):
+        if setup is not None:
+            setup()
+            tracker._peak_mem_snap = tracker.get_tracker_snapshot()
+            tracker._peak_mem = {dev: snap["Total"] for dev, snap in tracker._peak_mem_snap.items()}
         for _ in range(repeats):
             step()
             tracker.reset_mod_stats()  # per-module statistics are for one iteration; the peak is kept

@@ -8,19 +8,20 @@ optimizer state or activations (``memory_compat.trace_peak``). Its peak, one dev
 single-device run allocates (validated within 15 % of real CPU steps in ``tests/integration/test_plan.py``).
 
 Strategies then keep per GPU (N ranks; P parameters, G gradients at the peak, O optimizer state, A activations
-and temporaries at the peak, U the largest FSDP unit = a block or the root's embeddings / head, all traced):
+and temporaries at the peak, all traced):
 
-    ddp            P + G + O + A + G_all               the reducer's buckets: a copy of every gradient
-    fsdp           (P + G + O) / N + A + 3 U           all-gather of the current and the prefetched unit, and
-                                                       the reduce-scatter input of one unit's gradients
-    fsdp-offload   A + 3 U                             parameters, gradients and optimizer on the CPU
-    zero1/2/3      DeepSpeed keeps parameters and gradients at the compute dtype (bf16: P/2, G/2) and an fp32
-                   master copy inside the optimizer state (bf16: O + P); stage 1 shards the optimizer state,
-                   stage 2 also the gradients, stage 3 also the parameters (gathering 2 U at a time); plus its
-                   reduce and all-gather buckets (``strategy.deepspeed.*_bucket_size`` elements, capped at
-                   the model's size)
+    ddp            P + G + O + A + G_all      the reducer's buckets: a copy of every gradient
+    fsdp           traced: FSDP2 itself (the project's ``shard_model``, as training applies it) on a fake
+                   process group of N ranks (torch's ``fake`` backend), rank 0's peak: its shards, the
+                   all-gathered units alive at the peak ("comm"), gradients, optimizer state, activations
+    fsdp-offload   that trace less the shards, their gradients and the optimizer state (on the CPU)
+    zero1/2/3      DeepSpeed's own allocation rules (``zero_parts``) on the traced model, activations traced
+                   with the model cast to 16 bits when DeepSpeed's bf16/fp16 runs it so (no autocast)
     zero2-offload  optimizer state (and the gradients it steps on) on the CPU
     zero3-offload  parameters too
+
+Validated against real gloo ranks (``tests/integration/test_plan.py``): the single-device trace, DDP, FSDP and
+ZeRO-1/2/3; not the offload rows (on the CPU, offloading moves nothing off the device).
 
 The peak grows linearly with the micro-batch B (traced at B and 2 B), which gives the largest micro-batch
 fitting ``0.9 x --gpu-memory`` (the rest: CUDA context, allocator fragmentation). Not modelled:
@@ -44,6 +45,9 @@ from pretrain.config import RunConfig
 
 HEADROOM = 0.9  # of --gpu-memory usable by tensors
 UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+# DeepSpeed's ZeRO-3 defaults (``stage3_param_persistence_threshold``, ``stage3_prefetch_bucket_size``)
+DS_PERSISTENCE_THRESHOLD = 100_000
+DS_PREFETCH_ELEMENTS = 50_000_000
 STRATEGIES = ("ddp", "fsdp", "fsdp-offload", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload")
 
 
@@ -65,8 +69,11 @@ class StepMemory:
     optimizer: int  # optimizer state
     activations: int  # activations and backward temporaries alive at the peak
     peak: int  # everything at the peak
-    largest_unit: int  # parameters of the largest FSDP unit (a block, or the root's embeddings and head)
     gathered: int = 0  # FSDP: unsharded parameters (all-gather outputs) alive at the peak
+    numel: int = 0  # trainable parameter elements
+    persistent: int = (
+        0  # elements of the trainable parameters ZeRO-3 keeps whole (under DS_PERSISTENCE_THRESHOLD)
+    )
 
 
 def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]:
@@ -122,11 +129,15 @@ def build(run: RunConfig, checkpointing: bool, mesh: Any = None) -> tuple[nn.Mod
     from pretrain.models.transformer import Transformer
     from pretrain.training.optim import build_optimizer
 
-    model = Transformer(run.model)
+    dtype = torch.get_default_dtype()
+    # bf16-true: made in bf16, as ``.to(torch.bfloat16)`` would make it (which cannot swap fake parameters)
+    torch.set_default_dtype(torch.bfloat16 if run.trainer.precision == "bf16-true" else dtype)
+    try:
+        model = Transformer(run.model)
+    finally:
+        torch.set_default_dtype(dtype)
     model.check_inputs = False
     model.gradient_checkpointing = checkpointing
-    if run.trainer.precision == "bf16-true":
-        model = model.to(torch.bfloat16)
     if mesh is not None:
         shard(model, run, mesh)
     return model, build_optimizer(model, run.optim, amp=run.trainer.precision.endswith("-mixed"))
@@ -142,16 +153,6 @@ def shard(model: nn.Module, run: RunConfig, mesh: Any) -> None:
     shard_model(holder, mesh, reshard_after_forward=run.strategy.fsdp.sharding_strategy != "SHARD_GRAD_OP")
 
 
-def largest_unit(model: nn.Module) -> int:
-    """Parameter bytes of the largest FSDP unit: one block, or what the root unit holds (all but the blocks)."""
-    from pretrain.training.strategies import shard_units
-
-    blocks = shard_units(model)
-    in_blocks = {id(p) for b in blocks for p in b.parameters()}
-    root = sum(p.nbytes for p in model.parameters() if id(p) not in in_blocks)
-    return max([root, *(sum(p.nbytes for p in b.parameters()) for b in blocks)])
-
-
 def trace(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1) -> StepMemory:
     """Two training steps of the recipe at ``micro_batch`` on fake tensors, measured by torch's MemTracker.
     ``gpus > 1``: under FSDP2 (the project's ``shard_model``, as ``strategy.fsdp`` shards) on a fake process
@@ -165,47 +166,85 @@ def trace(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1) 
         model, optimizer = build(run, checkpointing, mesh)
         fake = {k: mode.from_tensor(v) for k, v in batch.items()}
         snap = trace_peak(model, optimizer, lambda: train_step(model, optimizer, fake, run.trainer.precision))
-        unit = largest_unit(model)
         local = {p: getattr(p, "_local_tensor", p) for p in model.parameters()}  # a DTensor's shard
         all_grads = sum(t.nbytes for p, t in local.items() if p.requires_grad)
         held = snap["params"] if mesh is None else sum(t.nbytes for t in local.values())
+        sizes = [p.numel() for p in model.parameters() if p.requires_grad]  # global shapes
     return StepMemory(
         params=held, grads=snap["grads"], all_grads=all_grads, optimizer=snap["optimizer"],
-        activations=snap["activations"], peak=snap["total"], largest_unit=unit, gathered=snap["params"] - held,
+        activations=snap["activations"], peak=snap["total"], gathered=snap["params"] - held,
+        numel=sum(sizes), persistent=sum(k for k in sizes if k < DS_PERSISTENCE_THRESHOLD),
     )  # fmt: skip
 
 
-def per_gpu(
-    step: StepMemory, strategy: str, gpus: int, run: RunConfig, sharded: StepMemory | None = None
-) -> dict:
-    """Per-GPU bytes under ``strategy`` on ``gpus`` ranks (the module docstring's table), from the single-device
-    trace ``step`` and, for FSDP, the trace ``sharded`` of FSDP2 itself on ``gpus`` fake ranks."""
-    n, P, G, O, A, U = gpus, step.params, step.grads, step.optimizer, step.activations, step.largest_unit
+@dataclass(frozen=True)
+class Traces:
+    """The traces a plan is computed from, at one micro-batch and checkpointing setting."""
+
+    single: StepMemory  # one device, the recipe's precision
+    sharded: StepMemory  # FSDP2 itself on the planned number of (fake) ranks
+    low: StepMemory  # the model cast to its 16-bit compute dtype, no autocast: how DeepSpeed's bf16/fp16 runs it
+
+
+def traces(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int) -> Traces:
+    """What :func:`per_gpu` needs for ``gpus`` ranks (one trace of each kind, the same one where they agree)."""
+    single = trace(run, micro_batch, checkpointing)
+    sharded = trace(run, micro_batch, checkpointing, gpus) if gpus > 1 else single
+    low = single
+    if run.trainer.precision in ("bf16-mixed", "16-mixed"):
+        low = trace(
+            replace(run, trainer=replace(run.trainer, precision="bf16-true")), micro_batch, checkpointing
+        )
+    return Traces(single, sharded, low)
+
+
+def per_gpu(t: Traces, strategy: str, gpus: int, run: RunConfig) -> dict[str, int]:
+    """Per-GPU bytes under ``strategy`` on ``gpus`` ranks (the module docstring's table)."""
+    step = t.single
     if strategy.startswith("fsdp"):
-        s = sharded or step
+        s = t.sharded
         offload = strategy.endswith("offload")  # shards, their gradients and the optimizer live on the CPU
         parts = {"params": 0 if offload else s.params, "grads": 0 if offload else s.grads,
                  "optimizer": 0 if offload else s.optimizer, "comm": s.gathered}  # fmt: skip
         return {**parts, "activations": s.activations, "total": sum(parts.values()) + s.activations}
-    if strategy == "ddp":
-        parts = {"params": P, "grads": G, "optimizer": O, "comm": step.all_grads}
+    if strategy == "ddp":  # the reducer's buckets: a copy of every gradient
+        parts = {"params": step.params, "grads": step.grads, "optimizer": step.optimizer,
+                 "comm": step.all_grads}  # fmt: skip
+        A = step.activations
     else:
-        stage = int(strategy[4])
-        half = run.trainer.precision.startswith(("bf16", "16")) and run.trainer.precision != "bf16-true"
-        p, g = (P // 2, G // 2) if half else (P, G)
-        o = O + (P if half else 0)  # fp32 master weights live in DeepSpeed's optimizer
-        ds = run.strategy.deepspeed
-        elem = 2 if half else 4
-        numel = P // 4 if half or run.trainer.precision == "32-true" else P // 2
-        buckets = (min(ds.reduce_bucket_size, numel) + min(ds.allgather_bucket_size, numel)) * elem
-        offload = strategy.endswith("offload")
-        parts = {
-            "params": 0 if stage == 3 and offload else (p // n if stage == 3 else p),
-            "grads": 0 if offload else (g // n if stage >= 2 else g),
-            "optimizer": 0 if offload else o // n,
-            "comm": buckets + (2 * U // (2 if half else 1) if stage == 3 else 0),
-        }
+        parts = zero_parts(step, int(strategy[4]), strategy.endswith("offload"), gpus, run, t.low.grads)
+        A = t.low.activations
     return {**parts, "activations": A, "total": sum(parts.values()) + A}
+
+
+def zero_parts(
+    step: StepMemory, stage: int, offload: bool, n: int, run: RunConfig, live_grads: int
+) -> dict[str, int]:
+    """DeepSpeed ZeRO's per-rank memory by its own allocation rules (deepspeed 0.19.8 ``runtime/zero``) on the
+    traced model's E parameter elements, c bytes each in the compute dtype (2 under DeepSpeed's bf16/fp16, else
+    4): the model whole (stages 1-2), or (stage 3) its flat partition E c / n, the parameters under
+    ``DS_PERSISTENCE_THRESHOLD`` elements kept whole and the others gathered ahead of use (up to
+    ``DS_PREFETCH_ELEMENTS``); an fp32 master partition and the optimizer's moments (fp32) on E / n elements;
+    stage 3's fp32 flat buffer of gradient partitions (E / n; stages 1-2 make theirs at the step, past the
+    peak); the gradient reduction buffers, ``reduce_bucket_size`` elements of c whatever the model's size, two
+    of them under ``overlap_comm`` for stages 1-2 (``setup_buckets``), one for stage 3; and ``live_grads``, the
+    gradients autograd holds at the traced peak (with activation checkpointing the peak is in backward) before
+    DeepSpeed's hooks move them into its buckets."""
+    ds, E = run.strategy.deepspeed, step.numel
+    c = 2 if run.trainer.precision in ("bf16-mixed", "16-mixed", "bf16-true") else 4
+    params = E * c
+    if stage == 3:
+        gathered = min(E - step.persistent, DS_PREFETCH_ELEMENTS)
+        params = E * c // n + (step.persistent + gathered) * c
+    traced_bytes = 2 if run.trainer.precision == "bf16-true" else 4  # per element of the traced AdamW's state
+    moments = step.optimizer * 4 // traced_bytes  # kept in fp32 by DeepSpeed
+    buffers = (2 if ds.overlap_comm and stage < 3 else 1) * ds.reduce_bucket_size * c
+    return {
+        "params": 0 if stage == 3 and offload else params,
+        "grads": live_grads + (E * 4 // n if stage == 3 and not offload else 0),
+        "optimizer": 0 if offload else (E * 4 + moments) // n,
+        "comm": buffers if ds.contiguous_gradients else 0,
+    }
 
 
 @dataclass(frozen=True)
@@ -221,11 +260,10 @@ def plan(run: RunConfig, gpus: int, gpu_memory: int) -> list[PlanRow]:
     B = run.data.micro_batch_size
     rows = []
     for checkpointing in (False, True):
-        at, twice = trace(run, B, checkpointing), trace(run, 2 * B, checkpointing)
-        sharded = trace(run, B, checkpointing, gpus) if gpus > 1 else at
-        per_sample = max(1, (twice.peak - at.peak) // B)  # bytes the peak grows by per sample
+        at, twice = traces(run, B, checkpointing, gpus), trace(run, 2 * B, checkpointing)
+        per_sample = max(1, (twice.peak - at.single.peak) // B)  # bytes the peak grows by per sample
         for strategy in STRATEGIES:
-            parts = per_gpu(at, strategy, gpus, run, sharded)
+            parts = per_gpu(at, strategy, gpus, run)
             room = int(HEADROOM * gpu_memory) - parts["total"]
             most = B + room // per_sample if room >= 0 else B - -(-room // per_sample)
             rows.append(PlanRow(strategy, checkpointing, parts, max(0, most)))

@@ -33,6 +33,10 @@ def deepspeed_config(run: TrainingRun) -> dict[str, Any]:
         )
     if ds.offload_parameters and ds.stage != 3:
         raise ValueError("strategy.deepspeed.offload_parameters needs ZeRO stage 3")
+    if ds.param_persistence_threshold < 0:
+        raise ValueError(
+            f"strategy.deepspeed.param_persistence_threshold must be >= 0, got {ds.param_persistence_threshold}"
+        )
     zero: dict[str, Any] = {
         "stage": ds.stage,
         "overlap_comm": ds.overlap_comm,
@@ -40,6 +44,8 @@ def deepspeed_config(run: TrainingRun) -> dict[str, Any]:
         "allgather_bucket_size": ds.allgather_bucket_size,
         "reduce_bucket_size": ds.reduce_bucket_size,
     }
+    if ds.stage == 3:
+        zero["stage3_param_persistence_threshold"] = ds.param_persistence_threshold
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if ds.offload_parameters:

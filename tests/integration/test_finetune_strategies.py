@@ -31,9 +31,10 @@ STRATEGIES = {
     "ddp": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}},
     "fsdp": {"name": "fsdp"},
     "zero2": {"name": "deepspeed", "deepspeed": {"stage": 2}},
-    "zero3": {"name": "deepspeed", "deepspeed": {"stage": 3}},
+    # every parameter partitioned: DeepSpeed keeps tensors under 1e5 elements (all of a tiny model) whole
+    "zero3": {"name": "deepspeed", "deepspeed": {"stage": 3, "param_persistence_threshold": 0}},
 }
-BEAM = {"strategy": "beam", "num_beams": 3, "max_new_tokens": 4}
+BEAM = {"strategy": "beam", "num_beams": 3, "max_new_tokens": 8, "early_stopping": True}
 
 
 def _files(root: Path) -> Path:
@@ -56,7 +57,25 @@ def _files(root: Path) -> Path:
     return root
 
 
-def _config(files: Path, run_dir: Path, model: dict, strategy: str, **sections) -> dict:
+def _eos_prone_t5(files: Path) -> Path:
+    """A random transformers T5 on the tokenizer's vocabulary whose LM head often prefers EOS (its row leans
+    along the mean row): beam searches (early_stopping=True) stop after 2-8 steps depending on the sources, so
+    the two ranks' searches finish apart and only ``all_finished`` keeps their forwards paired."""
+    from model_zoo import random_hf_t5
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(files / "tokenizer.json"))
+    eos, pad = tokenizer.token_to_id("</s>"), tokenizer.token_to_id("<pad>")
+    model = random_hf_t5(TINY["vocab_size"], eos, pad, d_kv=16, d_ff=64, num_heads=2, dropout_rate=0.0)
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head[eos] = 4.0 * head[eos + 100]
+        head[eos] += 2.0 * head.mean(0) / head.mean(0).norm() * head.norm(dim=1).mean()  # along the mean row
+    model.save_pretrained(files / "t5-eos-prone", safe_serialization=True)
+    return files / "t5-eos-prone"
+
+
+def _config(files: Path, run_dir: Path, model: dict | None, strategy: str, **sections) -> dict:
     cfg = {
         "name": run_dir.name,
         "run_dir": str(run_dir),
@@ -95,11 +114,15 @@ def runs(tmp_path_factory):
     files = _files(root)
     configs = []
     t2t = {"head": {"kind": "text2text", "dropout": 0.0}, "lora": LORA}  # text-to-text with LoRA adapters
-    beam = t2t | {"decoding": BEAM, "trainer": {"max_steps": 2}}
+    beam = t2t | {
+        "decoding": BEAM,
+        "trainer": {"max_steps": 2},
+        "init": {"checkpoint": str(_eos_prone_t5(files))},
+    }
     for kind, model, sections, strategies in (
         ("seq", BERT, {}, ("ddp", "fsdp", "zero2", "zero3")),
         ("t2t", T5, t2t, ("ddp", "fsdp", "zero2")),
-        ("t2tbeam", T5, beam, ("ddp", "zero3")),
+        ("t2tbeam", None, beam, ("ddp", "fsdp", "zero3")),
     ):
         for strategy in strategies:
             configs.append(_config(files, root / f"{kind}-{strategy}", model, strategy, **sections))
@@ -129,6 +152,7 @@ def _results(run_dir: Path) -> dict:
         ("seq", "zero3"),
         ("t2t", "fsdp"),
         ("t2t", "zero2"),
+        ("t2tbeam", "fsdp"),
         ("t2tbeam", "zero3"),
     ],
     ids=lambda x: x,
@@ -137,6 +161,7 @@ def test_sharded_finetuning_equals_ddp(runs, kind, strategy):
     ddp, sharded = runs[f"{kind}-ddp"], runs[f"{kind}-{strategy}"]
     assert len(_losses(ddp)) == (2 if kind == "t2tbeam" else STEPS)
     assert _losses(sharded) == pytest.approx(_losses(ddp), rel=1e-5)
+    assert _results(sharded)["trainable_parameters"] == _results(ddp)["trainable_parameters"]
     val = _results(ddp)["val"]
     assert set(val) >= {"loss", "accuracy"}
     assert _results(sharded)["val"] == pytest.approx(val, rel=1e-5)
@@ -147,7 +172,12 @@ def test_sharded_finetuning_equals_ddp(runs, kind, strategy):
     # atol 1e-5: the key bias gets a zero gradient up to rounding (softmax ignores it), which AdamW turns into
     # updates of ~lr * rounding-sign; everything else agrees to ~1e-7
     for name, weight in reference.state_dict().items():
-        torch.testing.assert_close(ours[name], weight, rtol=1e-5, atol=1e-5, msg=name)
+        mine = ours[name]
+        if kind == "t2tbeam" and name.startswith("decoder.") and name.endswith("attn.qkv.weight"):
+            # the x3-scaled T5's decoder self-attention softmax is saturated: q and k get rounding-level
+            # gradients, which AdamW turns into lr-sized updates of either sign; the v rows are compared
+            mine, weight = (w[2 * w.shape[0] // 3 :] for w in (mine, weight))
+        torch.testing.assert_close(mine, weight, rtol=1e-5, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero3"])

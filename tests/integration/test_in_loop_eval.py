@@ -189,7 +189,7 @@ def two_rank_runs(world, tmp_path_factory):
     strategies = {
         "fsdp": {"name": "fsdp", "fsdp": {"state_dict_type": "full"}},
         "ddp": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}},
-        "zero3": {"name": "deepspeed", "deepspeed": {"stage": 3}},
+        "zero3": {"name": "deepspeed", "deepspeed": {"stage": 3, "param_persistence_threshold": 0}},
     }
     commands: list[str] = []
     for name, strategy in strategies.items():

@@ -59,6 +59,17 @@ def test_one_file_in_byte_ranges_over_tasks_equals_single_process(tmp_path, tiny
         assert all(len(IndexedDataset(p)) > 0 for p in split_prefixes(many, "train"))
         assert len(split_prefixes(many, "train")) == tasks
         assert_same_corpus(single, many)
+    # invalid UTF-8 in a piece that starts inside the file (found by the scan, or by the tokenizing task after it):
+    # the same message, naming the line in the whole file, as single-process prepare
+    good = text.read_bytes()
+    for where in (len(good) // 2, 5 * len(good) // 6):
+        cut = good.index(b"\n", where) + 1
+        text.write_bytes(good[:cut] + b"\xff\n" + good[cut:])
+        with pytest.raises(ValueError) as single_error:
+            prepare(text, tok, tmp_path / "bad-one", progress=False)
+        with pytest.raises(ValueError) as tasks_error:
+            prepare_in_tasks(text, tok, tmp_path / f"bad-many-{where}", tasks=3, workers=1)
+        assert str(tasks_error.value).startswith(str(single_error.value).split(";")[0])
 
 
 def test_exact_dedup_across_two_tasks_keeps_the_first_in_stream_order(capsys, tmp_path, tiny_world):
@@ -135,6 +146,12 @@ def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path
         dm.setup("fit")
         batches.append([b["input_ids"] for b, _ in zip(dm.train_dataloader(), range(6))])
     assert all(np.array_equal(a, b) for a, b in zip(*batches, strict=True))
+    # and so do the baselines (LSTM, word vectors): the single-process token stream
+    from pretrain.baselines.data import split_tokens
+
+    for split in ("train", "val"):
+        expected = np.asarray(IndexedDataset(single_here / split).tokens, dtype=np.int64)
+        assert np.array_equal(split_tokens([out], split), expected)
 
 
 @pytest.mark.slow

@@ -115,6 +115,15 @@ def test_bad_deepspeed_settings():
     )
     with pytest.raises(ValueError, match="needs ZeRO stage 3"):
         deepspeed_config(run)
+    run, _ = load(
+        "strategy.name=deepspeed",
+        "strategy.deepspeed.stage=3",
+        "strategy.deepspeed.param_persistence_threshold=-1",
+    )
+    with pytest.raises(ValueError, match="param_persistence_threshold must be >= 0"):
+        deepspeed_config(run)
+    run, _ = load("strategy.name=deepspeed", "strategy.deepspeed.stage=3")
+    assert deepspeed_config(run)["zero_optimization"]["stage3_param_persistence_threshold"] == 100_000
 
 
 @pytest.mark.skipif(HAS_DEEPSPEED, reason="checks the message shown when deepspeed is missing")

@@ -14,6 +14,7 @@ from pretrain.models.transformer import Transformer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
+from model_zoo import random_hf_t5
 
 from pretrain.models.hf import from_hf
 
@@ -22,25 +23,8 @@ V, EOS, PAD = 61, 1, 0
 
 def hf_t5(eos_weight: float) -> transformers.T5ForConditionalGeneration:
     """A small random T5 with peaked distributions; ``eos_weight`` scales how often EOS wins (early hypotheses)."""
-    torch.manual_seed(0)
-    cfg = transformers.T5Config(
-        vocab_size=V,
-        d_model=32,
-        d_kv=8,
-        d_ff=48,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-        decoder_start_token_id=PAD,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
-    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    model = random_hf_t5(V, EOS, PAD)
     with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0)
         model.lm_head.weight[EOS] = eos_weight * model.lm_head.weight[2]
     return model
 
@@ -163,7 +147,7 @@ def test_stepping_past_the_stop_changes_nothing():
     for k, lp, es in SETTINGS:
         stops: list[bool] = []
 
-        def other_rank_busy(stop: torch.Tensor) -> bool:
+        def other_rank_busy(stop: torch.Tensor, stops: list[bool] = stops) -> bool:
             stops.append(bool(stop))
             return False  # never: the search runs to max_new_tokens
 

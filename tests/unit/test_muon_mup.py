@@ -164,33 +164,62 @@ def test_mup_adamw_groups_equal_the_mup_package():
     assert {g["lr"] for g in ours.param_groups} == {1e-2, 1e-2 / 4}
 
 
-def coordinate_rms(parametrization: str, width: int, optim: str) -> list[float]:
-    """RMS of each block's output and of the logits after 4 steps at a fixed base learning rate."""
+def coordinate_config(family: str, width: int, parametrization: str) -> ModelConfig:
+    """gpt: 2 decoder layers; bert / t5 (``MODELS``' encoder and encoder-decoder at ``width``): 1 layer per stack,
+    d_ff = 2 d (cheap); head dim 16, base width 64 throughout. t5 as v1.0: tied, logits x d^-1/2 frozen at the
+    base width (muP keeps multipliers tuned at the base; v1.1's untied N(0, 1) head is 8x larger at d = 64, so
+    its initial logits, which muP lets decay as m^-1/2, outweigh 4 steps' updates and the logits spread 3x)."""
+    if family == "gpt":
+        return dataclasses.replace(mup_config(width), parametrization=parametrization)
+    t5 = {"tie_embeddings": True, "logit_scale": 64**-0.5} if family == "t5" else {}
+    return dataclasses.replace(
+        MODELS[family],
+        **t5,
+        d_model=width,
+        n_head=width // 16,
+        head_dim=None,
+        d_ff=2 * width,
+        n_layer=1,
+        n_decoder_layer=None,
+        parametrization=parametrization,
+        mup_base_width=64,
+    )
+
+
+def coordinate_rms(parametrization: str, width: int, optim: str, family: str = "gpt") -> list[float]:
+    """After 4 steps at a fixed base LR: the RMS of each block's output (encoder, then decoder) and of the
+    logits' change since init. muP lets the logits at init vanish with width (readout variance ~ 1/d^2: T5's
+    N(0, 1) head starts at RMS 8 at width 64 and 2 at 1024) but keeps every update's effect Theta(1)."""
     torch.manual_seed(0)
-    cfg = dataclasses.replace(mup_config(width), parametrization=parametrization)
+    cfg = coordinate_config(family, width, parametrization)
     model = Transformer(cfg)
     opt = OptimConfig(name=optim, lr=3e-3, weight_decay=0.0, warmup_steps=0)
     optimizer = build_optimizer(model, opt, width_mult=cfg.width_mult)
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(99))
+    kwargs = {"decoder_input_ids": ids} if cfg.arch == "encoder-decoder" else {}
+    with torch.no_grad():
+        initial = model(ids, **kwargs).logits
     train(model, optimizer, range(4))
     rms = []
-    hooks = [
-        b.register_forward_hook(lambda m, i, o: rms.append(o.pow(2).mean().sqrt()))
-        for b in model.decoder.blocks
-    ]
+    blocks = [b for stack in (model.encoder, model.decoder) if stack is not None for b in stack.blocks]
+    hooks = [b.register_forward_hook(lambda m, i, o: rms.append(o.pow(2).mean().sqrt())) for b in blocks]
     with torch.no_grad():
-        rms.append(model(torch.randint(0, 64, (4, 16))).logits.pow(2).mean().sqrt())
+        rms.append((model(ids, **kwargs).logits - initial).pow(2).mean().sqrt())
     for h in hooks:
         h.remove()
     return [float(r) for r in rms]
 
 
-def test_coordinate_check_flat_under_mup_and_growing_under_standard(optim="adamw"):
-    """Muon + muP is as flat (widths 64-1024, max/min 1.2; standard 3-7x) but its bf16 Newton-Schulz on 1024 x
-    4096 matrices costs ~2 CPU minutes, so CI checks AdamW; ``coordinate_rms(..., "muon")`` reproduces it."""
+@pytest.mark.parametrize("family", ["gpt", "bert", "t5"])
+def test_coordinate_check_flat_under_mup_and_growing_under_standard(family, optim="adamw"):
+    """Per-layer activation RMS after 4 AdamW steps, widths 64 / 256 / 1024: within 2x under muP, growing > 2x
+    under standard, for decoder, encoder and encoder-decoder. Muon + muP is as flat (gpt: max/min 1.2; standard
+    3-7x) but its bf16 Newton-Schulz on 1024 x 4096 matrices costs ~2 CPU minutes, so CI checks AdamW;
+    ``coordinate_rms(..., "muon")`` reproduces it."""
     widths = (64, 256, 1024)
     for parametrization in ("mup", "standard"):
         per_width = torch.tensor(
-            [coordinate_rms(parametrization, w, optim) for w in widths]
+            [coordinate_rms(parametrization, w, optim, family) for w in widths]
         )  # (widths, layers)
         spread = per_width.max(0).values / per_width.min(0).values
         if parametrization == "mup":
@@ -201,33 +230,106 @@ def test_coordinate_check_flat_under_mup_and_growing_under_standard(optim="adamw
             assert (per_width[-1] / per_width[0]).max() > 2, f"standard did not grow: {per_width.tolist()}"
 
 
+def hf_family_config(family: str, tied: bool) -> ModelConfig:
+    """The config from_hf gives a tiny transformers BertForMaskedLM / T5ForConditionalGeneration (d 128), so
+    the family's every other field is one HF can express."""
+    import transformers
+
+    from pretrain.models.hf import from_hf
+
+    if family == "bert":
+        hf_config = transformers.BertConfig(
+            vocab_size=64,
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=256,
+            max_position_embeddings=16,
+        )
+        hf = transformers.BertForMaskedLM(hf_config)
+    else:
+        hf_config = transformers.T5Config(
+            vocab_size=64,
+            d_model=128,
+            d_kv=32,
+            d_ff=256,
+            num_layers=2,
+            num_heads=4,
+            feed_forward_proj="gated-gelu",
+        )
+        hf = transformers.T5ForConditionalGeneration(hf_config)
+    # T5 tied: logits scaled by d^-1/2 as in HF; untied (v1.1): unscaled
+    return dataclasses.replace(
+        from_hf(hf).config,
+        tie_embeddings=tied,
+        logit_scale=128**-0.5 if family == "t5" and tied else 1.0,
+        parametrization="mup",
+        mup_base_width=64,
+    )
+
+
 @pytest.mark.parametrize(
-    "options",
+    "family,options",
     [
-        {"tie_embeddings": False},
-        {"tie_embeddings": True},
-        {
-            "position": "rope",
-            "norm": "rmsnorm",
-            "norm_bias": False,
-            "activation": "swiglu",
-            "attn_bias": False,
-        },
+        ("gpt", {"tie_embeddings": False}),
+        ("gpt", {"tie_embeddings": True}),
+        (
+            "gpt",
+            {
+                "position": "rope",
+                "norm": "rmsnorm",
+                "norm_bias": False,
+                "activation": "swiglu",
+                "attn_bias": False,
+            },
+        ),
+        ("bert", {"tie_embeddings": True}),
+        ("bert", {"tie_embeddings": False}),
+        (
+            "bert",
+            {
+                "tie_embeddings": True,
+                "lm_head": False,
+                "lm_head_bias": False,
+                "mlm_head_transform": False,
+                "pooler": True,
+            },
+        ),
+        ("t5", {"tie_embeddings": True}),
+        ("t5", {"tie_embeddings": False}),
     ],
-    ids=["gpt2-untied", "gpt2-tied", "llama"],
+    ids=[
+        "gpt2-untied",
+        "gpt2-tied",
+        "llama",
+        "bert-tied",
+        "bert-untied",
+        "bert-model",
+        "t5-tied",
+        "t5-untied",
+    ],
 )
-def test_mup_exports_to_transformers_with_equal_logits(options):
-    """to_hf folds the 1/d_h attention scale and the 1/m logit multiplier into the weights."""
-    from pretrain.models.hf import to_hf
+def test_mup_exports_to_transformers_with_equal_logits(family, options):
+    """to_hf folds the 1/d_h attention scale and the 1/m logit multiplier into the weights: the logits (BertModel:
+    the hidden states) of transformers equal ours; tied BERT and T5 heads stay tied (1/m goes into the norm
+    before the head), tied GPT-2 / Llama heads export untied."""
+    from pretrain.models.hf import _is_tied, to_hf
 
     torch.manual_seed(0)
-    model = Transformer(dataclasses.replace(mup_config(128), **options)).eval()
+    cfg = mup_config(128) if family == "gpt" else hf_family_config(family, options["tie_embeddings"])
+    model = Transformer(dataclasses.replace(cfg, **options)).eval()
     assert model.config.width_mult == 2.0
     for p in model.parameters():  # away from init, so every multiplier matters
         p.data.normal_(0, 0.2)
     ids = torch.randint(0, 64, (2, 16))
+    kwargs = {"decoder_input_ids": ids.flip(1)} if family == "t5" else {}
     hf = to_hf(model).eval()
-    torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+    ours, theirs = model(ids, **kwargs), hf(ids, **kwargs)
+    if model.config.lm_head:
+        torch.testing.assert_close(theirs.logits, ours.logits, atol=1e-5, rtol=1e-4)
+        assert _is_tied(hf) == (family != "gpt" and options["tie_embeddings"])
+    else:
+        torch.testing.assert_close(theirs.last_hidden_state, ours.hidden_states, atol=1e-5, rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------ recipe options

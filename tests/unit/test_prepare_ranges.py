@@ -3,6 +3,7 @@ gives the documents and counters of the file read whole, for every convention th
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from hypothesis import HealthCheck, given, settings
@@ -57,7 +58,7 @@ def test_text_ranges_cut_at_document_starts_read_as_the_whole_file(
     assert all(0 < c < len(data) and data[c - 1 : c] == b"\n" for c in cuts)  # line starts inside the file
     bounds = [0, *cuts, None]
     docs, stats = [], CorpusStats()
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         part, part_stats = read(Source("text", str(path), start=start, end=end), document, policy)
         docs += part
         for k in ("documents", "skipped_empty", "invalid_utf8_lines", "bytes_read", "null_texts"):
@@ -94,6 +95,8 @@ def test_task_pieces_cut_large_files_at_document_starts_and_others_at_file_ends(
     # a file larger than the share is cut at the document start cut_at finds (here: the next multiple of 7)
     runs = task_pieces([100, 1, 1], 3, lambda f, o: -(-o // 7) * 7)
     assert runs == [[Piece(0, 0, 35)], [Piece(0, 35, 70)], [Piece(0, 70, None), Piece(1), Piece(2)]]
+    # two cuts moved to the same document start leave that task empty, not holding an empty piece
+    assert task_pieces([100], 3, lambda f, o: 50) == [[Piece(0, 0, 50)], [], [Piece(0, 50, None)]]
     # more tasks than documents: cut_at finds no start, later tasks are empty; every byte in exactly one piece
     runs = task_pieces([5, 1, 7, 3, 9], 8, lambda f, o: None)
     assert len(runs) == 8 and [p.file for run in runs for p in run] == [0, 1, 2, 3, 4]
