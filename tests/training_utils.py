@@ -94,6 +94,18 @@ def tiny_recipe(directory: Path, world: dict[str, Path], kind: str = "gpt", **se
     return path
 
 
+def one_error_line(capsys, *args) -> str:
+    """The one ``pretrain VERB: error: ...`` line of an in-process ``pretrain *args`` that exits 2 with no traceback
+    (progress bars aside)."""
+    from pretrain.cli import main
+
+    status = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith(f"pretrain {args[0]}: error: ")]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
 def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pretrain", *args]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 from pretrain.datamodules.prepare import prepare
-from training_utils import CORPUS, REPO_ROOT, tiny_recipe
+from training_utils import CORPUS, REPO_ROOT, one_error_line, tiny_recipe
 
 from pretrain.cli import main
 
@@ -22,14 +22,6 @@ def pretrain(capsys, *args) -> tuple[int, str, str]:
     status = main([str(a) for a in args])
     out = capsys.readouterr()
     return status, out.out, out.err
-
-
-def one_error_line(capsys, *args) -> str:
-    """The one ``pretrain VERB: error: ...`` line of a run that exits 2 with no traceback (progress bars aside)."""
-    status, _, err = pretrain(capsys, *args)
-    lines = [line for line in err.splitlines() if line.startswith(f"pretrain {args[0]}: error: ")]
-    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

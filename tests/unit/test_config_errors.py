@@ -6,19 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from training_utils import one_error_line
 
 from pretrain import config
-from pretrain.cli import main
 
 GPT_TINY = Path(__file__).resolve().parents[2] / "recipes" / "gpt-tiny.yaml"
-
-
-def one_error_line(capsys, *args) -> str:
-    status = main([str(a) for a in args])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith(f"pretrain {args[0]}: error: ")]
-    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def test_a_run_name_cannot_escape_the_runs_directory(capsys, tmp_path, monkeypatch):

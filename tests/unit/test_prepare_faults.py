@@ -15,17 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pretrain.datamodules.prepare import Encoder, prepare, split_pieces
 from pretrain.datamodules.tokenizer import load_tokenizer
-from training_utils import CORPUS, tiny_recipe
+from training_utils import CORPUS, one_error_line, tiny_recipe
 
 from pretrain.cli import main
-
-
-def one_error_line(capsys, *args) -> str:
-    status = main([str(a) for a in args])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith(f"pretrain {args[0]}: error: ")]
-    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def source_recipe(tmp_path, world, *sources, **sections):
