@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import OmegaConf
-from pretrain.datamodules.indexed import IndexedWriter
-from pretrain.datamodules.pretrain import PretrainDataModule
-from pretrain.datamodules.special_tokens import all_special_tokens
 from tokenizers import Tokenizer, models
 
 from pretrain import objectives
+from pretrain.datamodules.indexed import IndexedWriter
+from pretrain.datamodules.pretrain import PretrainDataModule
+from pretrain.datamodules.special_tokens import all_special_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 

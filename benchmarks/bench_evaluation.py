@@ -28,7 +28,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from pretrain.datamodules.tokenizer import train_bpe
-
 from pretrain.evaluation.models import load_scorer
 from pretrain.evaluation.perplexity import loglikelihood_rolling
 from pretrain.models.config import ModelConfig

@@ -18,9 +18,8 @@ import os
 import time
 from pathlib import Path
 
-from pretrain.datamodules.finetune import read_table
-
 from pretrain import cli
+from pretrain.datamodules.finetune import read_table
 from pretrain.finetuning.config import load_config
 from pretrain.finetuning.run import run
 from pretrain.models.config import ModelConfig

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import yaml
-from pretrain.datamodules.prepare import prepare
-from pretrain.datamodules.tokenizer import train_bpe
 
 from pretrain.cli import main as cli
+from pretrain.datamodules.prepare import prepare
+from pretrain.datamodules.tokenizer import train_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "recipes" / "data" / "tinyshakespeare.txt"

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, sentinel_token
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pretrain import objectives
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, sentinel_token
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "recipes" / "data" / "tinyshakespeare.txt"

@@ -74,9 +74,9 @@ def child_clock(command: list[str], env: dict[str, str]) -> tuple[float, float]:
 def plain_startup(work: Path) -> None:
     """The plain peer's process: build the model and data as a hand-written script would, 1 step, 20 eval batches."""
     import torch
-    from pretrain.datamodules.tokenizer import load_tokenizer
 
     from pretrain import config
+    from pretrain.datamodules.tokenizer import load_tokenizer
     from pretrain.models.transformer import Transformer
     from pretrain.training.optim import build_optimizer
     from pretrain.training.setup import build_data, build_objective

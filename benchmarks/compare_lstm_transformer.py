@@ -36,13 +36,13 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from pretrain.datamodules.prepare import prepare
-from pretrain.datamodules.tokenizer import train_bpe
 
 from pretrain import objectives
 from pretrain.baselines.data import split_tokens
 from pretrain.baselines.lstm_lm import LanguageModelModule, StreamDataModule, stream_perplexity
 from pretrain.config import OptimConfig
+from pretrain.datamodules.prepare import prepare
+from pretrain.datamodules.tokenizer import train_bpe
 from pretrain.models.config import ModelConfig
 from pretrain.models.rnn import RNNConfig, RNNLanguageModel, matched_width
 from pretrain.models.transformer import Transformer

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
+
 from pretrain.datamodules.corpus import (
     CorpusStats,
     InvalidUTF8Error,
@@ -64,8 +65,9 @@ from pretrain.datamodules.prepare import (
 from pretrain.datamodules.storage import atomic_write_text, exclusive, replace_path
 
 if TYPE_CHECKING:
-    from pretrain.datamodules.prepare import CorpusSettings
     from typing_extensions import Unpack
+
+    from pretrain.datamodules.prepare import CorpusSettings
 
 EXECUTORS = ("local", "slurm", "ray")
 _STATS = ("documents", "skipped_empty", "invalid_utf8_lines", "bytes_read", "null_texts", "empty_sources")
@@ -184,9 +186,10 @@ class TokenizeTask(PipelineStep):
         self.sources, self.build_args = sources, build_args
 
     def run(self, data: Any, rank: int = 0, world_size: int = 1) -> Any:
+        from tokenizers import Tokenizer
+
         from pretrain.datamodules.indexed import IndexedWriter
         from pretrain.datamodules.prepare import _input_info, build_shard
-        from tokenizers import Tokenizer
 
         staging, suffix = Path(self.staging), f"-{rank:05d}"
         spec = json.loads((staging / f"spec{suffix}.json").read_text())

@@ -26,11 +26,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from pretrain.datamodules.special_tokens import special_token_id
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+from pretrain.datamodules.special_tokens import special_token_id
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 import numpy as np
+from tokenizers import Tokenizer
+from tqdm.auto import tqdm
+
 from pretrain.datamodules.corpus import (
     INVALID_UTF8_POLICIES,
     CorpusStats,
@@ -58,8 +61,6 @@ from pretrain.datamodules.hashing import splitmix64
 from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 from pretrain.datamodules.storage import atomic_write_text, exclusive, naming, replace_path
 from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
-from tokenizers import Tokenizer
-from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -34,6 +34,10 @@ from typing import Any, Protocol
 import lightning as L
 import numpy as np
 import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+from torch.utils.data import DataLoader
+
 from pretrain.datamodules.dataset import (
     BlendedDataset,
     PackedDataset,
@@ -44,9 +48,6 @@ from pretrain.datamodules.dataset import (
 )
 from pretrain.datamodules.hashing import splitmix64
 from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend
-from tokenizers import Tokenizer
-from torch import Tensor
-from torch.utils.data import DataLoader
 
 TRAIN, VAL = "train", "val"
 _STREAM_ID = {TRAIN: 0, VAL: 1}

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from pretrain.datamodules.dataset import BlendedDataset, PackedDataset, Sample
 
 INTERPOLATIONS = ("constant", "linear")

@@ -19,10 +19,11 @@ import os
 from pathlib import Path
 
 import torch
-from pretrain.datamodules.finetune import ShardedExamplesDataModule, read_table, task_format
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader
+
+from pretrain.datamodules.finetune import ShardedExamplesDataModule, read_table, task_format
 
 IGNORE_INDEX = -100
 

@@ -22,10 +22,11 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from pretrain.datamodules.corpus import batched, iter_documents, resolve_sources
 from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, special_token_id
 from pretrain.datamodules.storage import atomic_write_text
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 NUM_BYTES = 256
 _GPT2_SPECIAL = re.compile(r"^<\|[a-z_]+\|>$")  # GPT-2 style specials in a vocab.json: <|endoftext|>

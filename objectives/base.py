@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import torch
+from torch import Tensor
+
 from pretrain.datamodules.special_tokens import (
     DEFAULT_SPECIAL_TOKENS,
     NUM_SENTINELS,
@@ -27,7 +29,6 @@ from pretrain.datamodules.special_tokens import (
     special_token_id,
 )
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
-from torch import Tensor
 
 ARCHITECTURES = frozenset({"decoder", "encoder", "encoder-decoder"})
 Generators = torch.Generator | Sequence[torch.Generator]

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from pretrain.objectives.base import Objective
 from torch import Tensor
+
+from pretrain.objectives.base import Objective
 
 
 def document_positions(input_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:

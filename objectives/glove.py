@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
+
 from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from pretrain.objectives.base import Objective, special_id_table
 from pretrain.objectives.sgns import check_counts, token_counts, vocabulary
-from torch import Tensor
 
 
 def glove_weight(x: Tensor, x_max: float = 100.0, alpha: float = 0.75) -> Tensor:

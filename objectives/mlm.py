@@ -23,9 +23,10 @@ import math
 from collections.abc import Mapping
 
 import torch
+from torch import Tensor
+
 from pretrain.objectives.base import Objective, lookup, rand_rows, special_id_table
 from pretrain.objectives.loss import IGNORE_INDEX
-from torch import Tensor
 
 WORD_MARKERS = ("Ġ", "▁", "##")  # byte-level BPE, SentencePiece (word starts) and WordPiece (continuations)
 

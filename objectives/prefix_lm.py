@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from torch import Tensor
+
 from pretrain.objectives.base import Objective, rand_rows, shift_right
 from pretrain.objectives.loss import IGNORE_INDEX
-from torch import Tensor
 
 
 def uniform_split(generators: list[torch.Generator], low: int, high: int) -> Tensor:

@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+
 from pretrain.objectives.base import Objective, special_id_table
 from pretrain.objectives.loss import token_cross_entropy
-from torch import Tensor
 
 
 def check_counts(**values: int) -> None:

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+
 from pretrain.datamodules.special_tokens import sentinel_ids, sentinel_token
 from pretrain.objectives.base import Objective, count_sentinels, rand_rows, shift_right
-from torch import Tensor
 
 
 def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:

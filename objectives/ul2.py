@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+from torch import Tensor
+
 from pretrain.datamodules.special_tokens import UL2_MODE_TOKENS, sentinel_ids, sentinel_token
 from pretrain.objectives.base import Objective, count_sentinels, rand_rows
 from pretrain.objectives.loss import IGNORE_INDEX
@@ -29,7 +31,6 @@ from pretrain.objectives.span_corruption import (
     random_spans_noise_mask,
     span_counts,
 )
-from torch import Tensor
 
 DEFAULT_DENOISERS: tuple[dict, ...] = (
     {"mode": "R", "mean_noise_span_length": 3.0, "noise_density": 0.15},

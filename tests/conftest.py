@@ -70,8 +70,9 @@ def shakespeare(tmp_path_factory) -> dict:
     recipes/gpt-tiny.yaml: ``{"root", "paths": the overrides pointing a recipe at them, "unigram": the unigram
     entropy of the training tokens (nats)}``."""
     import numpy as np
-    from pretrain.datamodules.indexed import IndexedDataset
     from training_utils import run_cli
+
+    from pretrain.datamodules.indexed import IndexedDataset
 
     root = tmp_path_factory.mktemp("shakespeare")
     paths = [f"tokenizer.path={root / 'tokenizer.json'}", f"data.sources.0.prepared={root / 'data'}"]

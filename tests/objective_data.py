@@ -6,10 +6,10 @@ import functools
 from pathlib import Path
 
 import torch
-from pretrain.datamodules.special_tokens import all_special_tokens, sentinel_token
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pretrain import objectives
+from pretrain.datamodules.special_tokens import all_special_tokens, sentinel_token
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 

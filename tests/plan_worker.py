@@ -24,10 +24,10 @@ STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 
 def measure(run, strategy: str, world: int) -> int:
     """Per-rank peak of two real training steps of ``run`` under ``strategy``."""
-    from pretrain.objectives.loss import token_cross_entropy
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
+    from pretrain.objectives.loss import token_cross_entropy
     from pretrain.training import plan
     from pretrain.training.memory_compat import trace_peak
     from pretrain.training.optim import build_optimizer

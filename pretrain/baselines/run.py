@@ -20,7 +20,9 @@ def run_recipe(recipe: str | Path, overrides: list[str] | None = None) -> dict[s
     import lightning as L
 
     run, baseline, resolved = load_config(recipe, overrides)
-    L.seed_everything(run.seed, verbose=False)  # before the baseline builds its model: the seed fixes the init
+    L.seed_everything(
+        run.seed, verbose=False
+    )  # before the baseline builds its model: the seed fixes the init
     results = {"name": run.name, "kind": baseline.kind, **RUNS[baseline.kind](run, baseline, resolved)}
     path = Path(run.run_dir) / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)

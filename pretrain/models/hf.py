@@ -681,6 +681,7 @@ def hf_tokenizer(tokenizer: Any, max_length: int, special_tokens: dict[str, str]
     (``pretrain.datamodules.special_tokens``: eos, bos, pad, unk, mask, cls, sep; ``special_tokens`` overrides a role's
     token, e.g. ``eos: <|endoftext|>``), T5's ``<extra_id_i>`` sentinels, and ``model_max_length``."""
     import transformers
+
     from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, NUM_SENTINELS, sentinel_token
 
     roles = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}

@@ -32,8 +32,9 @@ BYTE_LEVEL_SPACE = "Ġ"  # byte-level BPE's mark of a leading space ("Ġking" is
 def word_tokenizer(words: Iterable[str], special_tokens: Sequence[str] | None = None):
     """A word-level ``tokenizers.Tokenizer`` (whitespace split): special tokens get ids 0.., then ``words``
     in order; unknown words map to ``<unk>``. For classic word vectors and toy tasks."""
-    from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens
     from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens
 
     specials = list(all_special_tokens() if special_tokens is None else special_tokens)
     vocab = {t: i for i, t in enumerate(dict.fromkeys([*specials, *words]))}

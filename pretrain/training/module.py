@@ -13,12 +13,12 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from pretrain.datamodules.pretrain import PretrainDataModule
-from pretrain.objectives import IGNORE_INDEX, Objective
 from torch import Tensor
 
 from pretrain.config import RunConfig
+from pretrain.datamodules.pretrain import PretrainDataModule
 from pretrain.models.transformer import Transformer
+from pretrain.objectives import IGNORE_INDEX, Objective
 from pretrain.training import compile_compat, lightning_compat
 from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler, describe

@@ -86,7 +86,6 @@ def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]
     T, V = run.data.seq_len, run.model.vocab_size
     if Path(run.tokenizer.path).is_file():
         from pretrain.datamodules.tokenizer import load_tokenizer
-
         from pretrain.training.setup import build_objective
 
         objective = build_objective(run, load_tokenizer(run.tokenizer.path))

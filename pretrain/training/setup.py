@@ -20,9 +20,8 @@ from pretrain.config.run import check_checkpoint
 
 def build_objective(run: RunConfig, tokenizer: Any) -> Any:
     """The configured objective, checked against the architecture and the tokenizer."""
-    from pretrain.datamodules.tokenizer import check_tokenizer
-
     from pretrain import objectives
+    from pretrain.datamodules.tokenizer import check_tokenizer
 
     options = dict(run.objective.options)
     if run.tokenizer.special_tokens and "special_tokens" in objectives.options(run.objective.name):
@@ -59,9 +58,8 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
 
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
     """The datamodule; ``ValueError`` when a prepared corpus was tokenized with another tokenizer."""
-    from pretrain.datamodules.prepare import read_meta
-
     from pretrain.config.run import mixture_schedule
+    from pretrain.datamodules.prepare import read_meta
     from pretrain.training.module import PretrainData
 
     digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
@@ -193,9 +191,9 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     """Everything before the Trainer: tokenizer, objective, data, checkpoint to resume, module. Cheap, and it
     raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint)."""
     import lightning as L
+
     from pretrain.datamodules.prepare import read_meta
     from pretrain.datamodules.tokenizer import load_tokenizer
-
     from pretrain.training.checkpoint.io import payload
     from pretrain.training.checkpoint.resume import check_compatible
     from pretrain.training.module import PretrainModule

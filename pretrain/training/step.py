@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
-from pretrain.objectives import IGNORE_INDEX
 from torch import Tensor
+
+from pretrain.objectives import IGNORE_INDEX
 
 STEP_TARGETS = (
     "step_num_targets"  # batch key added by StepGroups: targets in this rank's micro-batches of the step

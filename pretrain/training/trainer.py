@@ -87,7 +87,9 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
     if run.checkpoint.save_top_k > 0:
-        check_checkpoint(run.checkpoint)  # sets an unset mode from the metric's name (fit's set-up did already)
+        check_checkpoint(
+            run.checkpoint
+        )  # sets an unset mode from the metric's name (fit's set-up did already)
         leaf = run.checkpoint.monitor.rsplit("/", 1)[-1]
         callbacks.append(
             ModelCheckpoint(

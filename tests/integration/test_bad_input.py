@@ -10,10 +10,10 @@ import shutil
 import pytest
 import torch
 import yaml
-from pretrain.datamodules.prepare import prepare
 from training_utils import CORPUS, REPO_ROOT, one_error_line, tiny_recipe
 
 from pretrain.cli import main
+from pretrain.datamodules.prepare import prepare
 
 GPT_TINY = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
 

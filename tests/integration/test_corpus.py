@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pretrain.datamodules.corpus import document_mode, iter_documents, resolve_sources
-from pretrain.datamodules.prepare import read_meta
 from training_utils import tiny_recipe
 
 from pretrain.cli import main
+from pretrain.datamodules.corpus import document_mode, iter_documents, resolve_sources
+from pretrain.datamodules.prepare import read_meta
 from pretrain.evaluation.tasks import load_documents
 
 SEP = "<|endoftext|>"

@@ -9,9 +9,9 @@ from dataclasses import asdict
 import pytest
 import torch
 import torch.nn.functional as F
-from pretrain.datamodules.tokenizer import train_bpe
 
 from pretrain.cli import main as cli_main
+from pretrain.datamodules.tokenizer import train_bpe
 from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.prompts import FewShotSampler
 from pretrain.evaluation.runner import evaluate, log_to_wandb

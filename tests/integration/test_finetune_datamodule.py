@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
 from pretrain.datamodules.finetune import FinetuneDataModule, read_table
 from pretrain.datamodules.special_tokens import all_special_tokens
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "fast", "slow", "good", "bad", "movie", "film"]
 

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer, models, pre_tokenizers
+
 from pretrain.datamodules.corpus import CorpusStats, batched, iter_documents, resolve_sources
 from pretrain.datamodules.indexed import IndexedDataset
 from pretrain.datamodules.prepare import pack_batch, prepare, read_meta, val_mask
 from pretrain.datamodules.tokenizer import train_bpe
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 TEXT = "first para line one\nline two\n\n \nsecond para\n\n\nthird\n"
 

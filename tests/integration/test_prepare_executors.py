@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from training_utils import CORPUS, run_cli, tiny_recipe
+
 from pretrain.datamodules.executors import prepare_in_tasks
 from pretrain.datamodules.indexed import IndexedDataset
 from pretrain.datamodules.prepare import prepare, split_prefixes
 from pretrain.datamodules.pretrain import PretrainDataModule
-from training_utils import CORPUS, run_cli, tiny_recipe
 
 
 @pytest.fixture(scope="module")

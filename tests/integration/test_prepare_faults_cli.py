@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from pretrain.datamodules.indexed import IndexedDataset
 from training_utils import CORPUS, REPO_ROOT, cli_env, tiny_recipe
+
+from pretrain.datamodules.indexed import IndexedDataset
 
 
 def source_recipe(tmp_path, world, *sources):

@@ -11,8 +11,9 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from pretrain.datamodules.pretrain import PretrainDataModule
 from shards import write_shard
+
+from pretrain.datamodules.pretrain import PretrainDataModule
 
 SEQ_LEN = 7  # samples hold SEQ_LEN + 1 raw tokens with the causal objective below
 VAL_BASE = 50_000  # validation token ids start here; training ids stay below
@@ -229,10 +230,10 @@ def test_lightning_checkpoint_resume_is_exact(prepared, tmp_path, num_workers):
 
 @pytest.mark.parametrize("name", ["clm", "mlm", "span_corruption", "prefix_lm", "ul2"])
 def test_every_objective_gets_samples_of_its_raw_length(tmp_path, name):
-    from pretrain.datamodules.special_tokens import all_special_tokens
     from tokenizers import Tokenizer, models
 
     from pretrain import objectives
+    from pretrain.datamodules.special_tokens import all_special_tokens
 
     specials = all_special_tokens()
     vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(200)])}
@@ -288,11 +289,10 @@ def test_empty_validation_split_suggests_val_batches_0(tmp_path):
 
 def test_end_to_end_from_prepare_on_the_shipped_corpus(tmp_path, shipped_corpus):
     """raw text -> BPE -> prepare -> datamodule -> clm: two ranks read every packed cut of train once."""
+    from pretrain import objectives
     from pretrain.datamodules.indexed import IndexedDataset
     from pretrain.datamodules.prepare import prepare
     from pretrain.datamodules.tokenizer import train_bpe
-
-    from pretrain import objectives
 
     tokenizer = train_bpe([shipped_corpus], vocab_size=400, show_progress=False)
     meta = prepare(shipped_corpus, tokenizer, tmp_path / "prepared", val_fraction=0.05, progress=False)

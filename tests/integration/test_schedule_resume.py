@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pretrain.datamodules.prepare import prepare
 from training_utils import (
     Background,
     fit_and_kill,
@@ -15,6 +14,8 @@ from training_utils import (
     run_cli,
     tiny_recipe,
 )
+
+from pretrain.datamodules.prepare import prepare
 
 STEPS = 8
 

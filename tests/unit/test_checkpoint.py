@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+
 from pretrain.datamodules import storage as atomic
 from pretrain.datamodules.storage import replace_path
-
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.training.checkpoint.convert import (

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pretrain.objectives.loss import token_cross_entropy
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
+from pretrain.objectives.loss import token_cross_entropy
 from pretrain.training.compile_compat import CompileCounts, mark_dynamic
 from pretrain.training.module import TARGET_POSITIONS, PretrainData
 

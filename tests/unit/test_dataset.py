@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pretrain.datamodules.dataset import (
     BlendedDataset,
     PackedDataset,
@@ -186,8 +187,9 @@ def test_resume_state_must_fit_the_global_batch():
 def test_memory_mapped_corpus_pickles_as_its_location(tmp_path):
     import pickle
 
-    from pretrain.datamodules.indexed import IndexedDataset
     from shards import write_shard
+
+    from pretrain.datamodules.indexed import IndexedDataset
 
     write_shard(tmp_path / "train", [np.arange(1000)], np.uint16)
     ds = PackedDataset(IndexedDataset(tmp_path / "train").tokens, 10)

@@ -17,8 +17,8 @@ import pytest
 import torch
 import yaml
 from model_zoo import SCORING_ARCHS
-from pretrain.datamodules.tokenizer import train_bpe
 
+from pretrain.datamodules.tokenizer import train_bpe
 from pretrain.evaluation.config import resolve_task_file
 from pretrain.evaluation.models import load_scorer
 from pretrain.evaluation.runner import evaluate

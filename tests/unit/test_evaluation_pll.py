@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from pretrain.datamodules.tokenizer import train_bpe
 
 from pretrain.cli import main as cli_main
+from pretrain.datamodules.tokenizer import train_bpe
 from pretrain.evaluation.models import load_scorer, scorer_from_model
 from pretrain.evaluation.runner import evaluate
 from pretrain.evaluation.scoring import UnsupportedModelError

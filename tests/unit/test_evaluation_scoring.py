@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_zoo import SCORING_ARCHS
-from pretrain.datamodules.tokenizer import train_bpe
 
+from pretrain.datamodules.tokenizer import train_bpe
 from pretrain.evaluation import metrics as M
 from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.perplexity import disjoint_window, evaluate_perplexity, rolling_token_windows

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from pretrain.datamodules.tokenizer import train_bpe
 
+from pretrain.datamodules.tokenizer import train_bpe
 from pretrain.evaluation.config import EvalConfig
 from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.runner import evaluate, run_evaluation

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from pretrain.datamodules.finetune import MarkPadding, PaddedExamples, ShardSampler, TrainOrder
 
 

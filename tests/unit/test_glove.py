@@ -8,10 +8,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
-from pretrain.objectives.glove import GloVe, cooccurrence, glove_weight
 
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from pretrain.models.word_vectors import GloVeModel, WordVectors, word_tokenizer
+from pretrain.objectives.glove import GloVe, cooccurrence, glove_weight
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

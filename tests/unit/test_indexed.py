@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 from shards import write_shard
+
+from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 
 
 def _parse_idx_by_spec(path):

@@ -13,10 +13,10 @@ from objective_data import (
     tiny_model,
     tiny_tokenizer,
 )
-from pretrain.objectives.base import row_generators
 from tokenizers import Tokenizer, models
 
 from pretrain import objectives
+from pretrain.objectives.base import row_generators
 
 
 @pytest.mark.parametrize("key", sorted(ALL_OBJECTIVES))

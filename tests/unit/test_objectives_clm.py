@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 from objective_data import packed_batch, tiny_model, tiny_tokenizer
-from pretrain.objectives.clm import document_positions
 
 from pretrain import objectives
+from pretrain.objectives.clm import document_positions
 
 
 def test_inputs_and_labels_are_shifted():

@@ -8,6 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 from objective_data import build
+
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 
 

@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from objective_data import packed_batch, tiny_tokenizer
-from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens
-from pretrain.objectives.loss import IGNORE_INDEX
 
 from pretrain import objectives
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens
+from pretrain.objectives.loss import IGNORE_INDEX
 
 P, MASK, RANDOM = 0.15, 0.8, 0.1
 

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from objective_data import packed_batch, tiny_model, tiny_tokenizer
-from pretrain.objectives.loss import IGNORE_INDEX
 
 from pretrain import objectives
+from pretrain.objectives.loss import IGNORE_INDEX
 
 
 @settings(max_examples=40, deadline=None)

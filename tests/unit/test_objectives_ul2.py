@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 from objective_data import packed_batch, rebuild, sentinel_set, tiny_tokenizer
+
+from pretrain import objectives
 from pretrain.datamodules.special_tokens import UL2_MODE_TOKENS
 from pretrain.objectives.loss import IGNORE_INDEX
 from pretrain.objectives.ul2 import DEFAULT_DENOISERS
-
-from pretrain import objectives
 
 
 def decode_example(tok, obj, raw: list[int], inputs: list[int], mask: list[int], labels: list[int]) -> str:

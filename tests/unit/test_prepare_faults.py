@@ -13,11 +13,11 @@ import pytest
 from filelock import FileLock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pretrain.datamodules.prepare import Encoder, prepare, split_pieces
-from pretrain.datamodules.tokenizer import load_tokenizer
 from training_utils import CORPUS, one_error_line, tiny_recipe
 
 from pretrain.cli import main
+from pretrain.datamodules.prepare import Encoder, prepare, split_pieces
+from pretrain.datamodules.tokenizer import load_tokenizer
 
 
 def source_recipe(tmp_path, world, *sources, **sections):

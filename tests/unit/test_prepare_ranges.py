@@ -8,6 +8,7 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pretrain.datamodules.corpus import CorpusStats, Source, document_start, iter_documents
 from pretrain.datamodules.executors import Piece, task_pieces
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pretrain.objectives.loss import token_cross_entropy
 
 from pretrain.models.beam_search import beam_search
 from pretrain.models.generation import generate
@@ -18,6 +17,7 @@ from pretrain.models.rnn import (
     Seq2SeqRNN,
     matched_width,
 )
+from pretrain.objectives.loss import token_cross_entropy
 
 PAD, BOS, EOS = 0, 1, 2
 

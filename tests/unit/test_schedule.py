@@ -10,12 +10,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pretrain.datamodules.dataset import PackedDataset
-from pretrain.datamodules.pretrain import PretrainDataModule
-from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend, step_counts
 from shards import write_shard
 
 from pretrain import config
+from pretrain.datamodules.dataset import PackedDataset
+from pretrain.datamodules.pretrain import PretrainDataModule
+from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend, step_counts
 
 L = 8  # raw tokens per sample (seq_len 7 + 1 with the causal objective below)
 BASE = 10_000  # corpus d's token ids start at d * BASE: a sample's first token names its corpus

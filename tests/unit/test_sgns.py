@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
-from pretrain.objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
 
+from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from pretrain.models.word_vectors import Word2Vec, WordVectors, word_tokenizer
+from pretrain.objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,6 +6,8 @@ import gzip
 
 import pytest
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
 from pretrain.datamodules.text2text import (
     IGNORE_INDEX,
     Text2TextCollate,
@@ -13,7 +15,6 @@ from pretrain.datamodules.text2text import (
     glue_pairs,
     parallel_pairs,
 )
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 
 def write(path, text):

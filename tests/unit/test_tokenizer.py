@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import regex
+
 from pretrain.datamodules.special_tokens import all_special_tokens
 from pretrain.datamodules.tokenizer import (
     check_tokenizer,

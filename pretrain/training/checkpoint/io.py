@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+
 from pretrain.datamodules.storage import STORAGE_ERRNOS, replace_path
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
