@@ -151,6 +151,8 @@ class TrainerConfig:
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
     float8: bool = False  # float8 matmuls in the blocks' linears (torchao; CUDA compute capability >= 8.9)
     sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
+    # automatic GC off during fit, gc.collect(1) every N optimizer steps (torchtitan); 0 or null: Python's GC
+    gc_every_n_steps: int | None = 50
 
 
 @dataclass
@@ -386,6 +388,10 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             problems.append(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if not t.progress_seconds > 0:
         problems.append(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
+    if t.gc_every_n_steps is not None and t.gc_every_n_steps < 0:
+        problems.append(
+            f"trainer.gc_every_n_steps must be >= 0 (0 or null: Python's automatic GC), got {t.gc_every_n_steps}"
+        )
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
         problems.append("data.micro_batch_size and data.seq_len must be >= 1")
     if run.data.seq_len > run.model.max_seq_len:

@@ -205,6 +205,10 @@ def _check_training(cfg: FinetuneConfig) -> None:
             raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if t.precision not in PRECISIONS:
         raise ValueError(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
+    if (t.gc_every_n_steps or 0) < 0:
+        raise ValueError(
+            f"trainer.gc_every_n_steps must be >= 0 (0 or null: Python's GC), got {t.gc_every_n_steps}"
+        )
     for name in ("compile", "activation_checkpointing"):
         if getattr(t, name):
             raise ValueError(

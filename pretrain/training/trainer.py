@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from pretrain.config.run import TrainingRun, check_checkpoint
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
+from pretrain.training.garbage import ScheduledGarbageCollection
 from pretrain.training.guards import build_guards
 from pretrain.training.host_sync import SyncCheck, allowed
 from pretrain.training.preemption import LastCheckpoint
@@ -67,7 +68,7 @@ def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | No
 def build_callbacks(run: TrainingRun) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
     validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``;
-    evaluation during fit (``run.eval_during_fit``)."""
+    the garbage-collection schedule of ``trainer.gc_every_n_steps``; evaluation during fit (``run.eval_during_fit``)."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -82,6 +83,8 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
     ]
     if run.trainer.sync_check != "off":
         callbacks.append(SyncCheck(run.trainer.sync_check))
+    if run.trainer.gc_every_n_steps:
+        callbacks.append(ScheduledGarbageCollection(run.trainer.gc_every_n_steps))
     if getattr(run, "eval_during_fit", None) and run.eval_during_fit.tasks:  # a RunConfig section only
         from pretrain.training.in_loop_eval import InLoopEvaluation
 
