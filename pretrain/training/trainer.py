@@ -17,6 +17,7 @@ from pretrain.training import lightning_compat
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.garbage import ScheduledGarbageCollection
 from pretrain.training.guards import build_guards
+from pretrain.training.host_memory import reuse_freed_memory
 from pretrain.training.host_sync import SyncCheck, allowed
 from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.progress import progress_callbacks
@@ -121,6 +122,8 @@ def build_trainer(
     t = run.trainer
     quiet_libraries()
     lightning_compat.warn_if_untested()
+    if t.reuse_host_memory:
+        reuse_freed_memory()
     strategy = build_strategy(run)
     progress, progress_bar = progress_callbacks(t.progress_bar, t.progress_seconds)
     k = t.accumulate_grad_batches
