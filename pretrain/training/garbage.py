@@ -2,8 +2,10 @@
 ``GarbageCollection`` (``training.gc_freq``): automatic collection off while fit runs, a young-generation collection
 (``gc.collect(1)``) every N optimizer steps -- on the same step on every rank, so no rank stalls the others' next
 collective with a collection of its own -- and a full one after each validation (cycles promoted to the oldest
-generation are freed there, the loop already paused). Python's GC state before fit is back after it (also after
-an exception): fit runs in-process in tests and notebooks."""
+generation are freed there, the loop already paused). The objects alive at train start (torch, Lightning, the
+model: ~350k) are frozen (``gc.freeze``) until fit ends, so that full collection scans only what training made
+since: ~1 ms instead of ~120. Python's GC state before fit is back after it (also after an exception): fit runs
+in-process in tests and notebooks."""
 
 from __future__ import annotations
 
@@ -22,11 +24,15 @@ class ScheduledGarbageCollection(Callback):
     def __init__(self, every_n_steps: int):
         self.every_n_steps = every_n_steps
         self._was_enabled: bool | None = None  # Python's setting before fit; None outside fit
+        self._froze = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._was_enabled = gc.isenabled()
         gc.disable()
         gc.collect(1)  # the set-up's young garbage
+        self._froze = gc.get_freeze_count() == 0  # objects frozen by the caller stay theirs
+        if self._froze:
+            gc.freeze()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -39,9 +45,11 @@ class ScheduledGarbageCollection(Callback):
             gc.collect()
 
     def _restore(self) -> None:
+        if self._froze:
+            gc.unfreeze()
         if self._was_enabled:
             gc.enable()
-        self._was_enabled = None
+        self._was_enabled, self._froze = None, False
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore()
