@@ -1,11 +1,10 @@
 """Python's cyclic garbage collector on the step schedule (``trainer.gc_every_n_steps``), as torchtitan's
-``GarbageCollection`` (``training.gc_freq``): automatic collection off while fit runs, a young-generation collection
-(``gc.collect(1)``) every N optimizer steps -- on the same step on every rank, so no rank stalls the others' next
-collective with a collection of its own -- and a full one after each validation (cycles promoted to the oldest
-generation are freed there, the loop already paused). The objects alive at train start (torch, Lightning, the
-model: ~350k) are frozen (``gc.freeze``) until fit ends, so that full collection scans only what training made
-since: ~1 ms instead of ~120. Python's GC state before fit is back after it (also after an exception): fit runs
-in-process in tests and notebooks."""
+``GarbageCollection`` (``training.gc_freq``): automatic collection off while fit runs, and a young-generation
+collection (``gc.collect(1)``: the objects made since the last one, never a scan of everything torch and Lightning
+hold, ~120 ms for their ~350k objects) every N optimizer steps -- on the same step on every rank, so no rank
+stalls the others' next collective with a collection of its own -- and after each validation. Cycles that reach
+the oldest generation wait for Python's own collector after fit, as in torchtitan. Python's GC state before fit is
+back after it (also after an exception): fit runs in-process in tests and notebooks."""
 
 from __future__ import annotations
 
@@ -24,15 +23,11 @@ class ScheduledGarbageCollection(Callback):
     def __init__(self, every_n_steps: int):
         self.every_n_steps = every_n_steps
         self._was_enabled: bool | None = None  # Python's setting before fit; None outside fit
-        self._froze = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._was_enabled = gc.isenabled()
         gc.disable()
         gc.collect(1)  # the set-up's young garbage
-        self._froze = gc.get_freeze_count() == 0  # objects frozen by the caller stay theirs
-        if self._froze:
-            gc.freeze()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -42,14 +37,12 @@ class ScheduledGarbageCollection(Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._was_enabled is not None:
-            gc.collect()
+            gc.collect(1)
 
     def _restore(self) -> None:
-        if self._froze:
-            gc.unfreeze()
         if self._was_enabled:
             gc.enable()
-        self._was_enabled, self._froze = None, False
+        self._was_enabled = None
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore()

@@ -59,7 +59,7 @@ def collections_during_fit(tmp_path, world, every: int, k: int) -> list[tuple[in
     recorder = CyclesAndCollections()
     trainer = build_trainer(run, resolved, callbacks=[recorder], loggers=[])
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
-    assert gc.isenabled() and gc.get_freeze_count() == 0  # Python's GC state is back after fit
+    assert gc.isenabled()  # Python's automatic GC is back after fit
     return recorder.collections
 
 
