@@ -69,3 +69,46 @@ def test_collections_follow_the_step_schedule(tmp_path, tiny_world):
     scheduled = collections_during_fit(tmp_path / "scheduled", tiny_world, every=2, k=2)
     # after the 2nd micro-batch of steps 2, 4, 6: generation 1 only (young objects; never a scan of everything)
     assert [c for c in scheduled if c != (0, 1)] == [(2, 1), (4, 1), (6, 1)]
+
+
+def collections_before_training(monkeypatch, recipe, *overrides: str) -> int:
+    """Automatic collections while ``pretrain fit`` (in-process) builds the run, until training starts."""
+    from pretrain.cli import main
+    from pretrain.training import setup
+
+    counts = {"collections": 0, "setting_up": False}
+
+    def record(phase: str, info: dict) -> None:
+        counts["collections"] += phase == "start" and counts["setting_up"]
+
+    built = setup.prepare_run
+
+    def prepare_with_cycles(*args, **kwargs):
+        counts["setting_up"] = True
+        for _ in range(5000):  # set-up garbage, beyond Python's generation-0 threshold
+            cycle: list = []
+            cycle.append(cycle)
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(setup, "prepare_run", prepare_with_cycles)
+    monkeypatch.setattr(
+        Callback, "on_train_start", lambda self, *a: counts.__setitem__("setting_up", False), raising=True
+    )
+    gc.callbacks.append(record)
+    try:
+        assert main(["fit", str(recipe), *overrides]) == 0
+    finally:
+        gc.callbacks.remove(record)
+    assert gc.isenabled()
+    return counts["collections"]
+
+
+def test_no_collection_while_fit_sets_up(monkeypatch, tmp_path, tiny_world):
+    recipe = tiny_recipe(tmp_path, tiny_world, trainer={"max_steps": 1, "val_check_interval": 1})
+    assert (
+        collections_before_training(
+            monkeypatch, recipe, "trainer.gc_every_n_steps=0", "run_dir=" + str(tmp_path / "a")
+        )
+        > 0
+    )
+    assert collections_before_training(monkeypatch, recipe, "run_dir=" + str(tmp_path / "b")) == 0
