@@ -26,6 +26,7 @@ from pretrain.config.run import (
     TrainerConfig,
     WandbConfig,
     check_checkpoint,
+    checkpoint_problems,
     check_optim,
 )
 from pretrain.models.config import ModelConfig
@@ -197,6 +198,8 @@ def _with_finetune_defaults(raw: dict[str, Any]) -> dict[str, Any]:
 def _check_training(cfg: FinetuneConfig) -> None:
     """The Trainer sections (shared with `pretrain fit`) as finetuning uses them."""
     check_optim(cfg.optim)
+    if problems := checkpoint_problems(cfg.checkpoint):
+        raise ValueError(problems[0])
     check_checkpoint(cfg.checkpoint)
     t = cfg.trainer
     names = ("max_steps", "val_check_interval", "log_every_n_steps", "devices", "num_nodes")

@@ -86,7 +86,7 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
         from pretrain.training.in_loop_eval import InLoopEvaluation
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
-    if run.checkpoint.save_top_k > 0:
+    if run.checkpoint.save_top_k != 0:
         check_checkpoint(
             run.checkpoint
         )  # sets an unset mode from the metric's name (fit's set-up did already)

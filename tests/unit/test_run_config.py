@@ -144,6 +144,21 @@ def test_config_pieces_of_different_verbs_do_not_share_a_name():
     assert finetuning and not pretraining & finetuning, sorted(pretraining & finetuning)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("checkpoint.every_n_steps=0", "checkpoint.every_n_steps must be >= 1, got 0"),
+        (
+            "checkpoint.save_top_k=-2",
+            r"checkpoint.save_top_k must be >= -1 \(0: no best checkpoints, -1: every",
+        ),
+    ],
+)
+def test_checkpoint_bounds_are_refused_at_validation(override, message):
+    with pytest.raises(ValueError, match=message):
+        config.load("gpt-tiny", [override])
+
+
 def test_every_config_problem_is_reported_at_once():
     """As litgpt's validate_args: one error lists them all, so one edit of the recipe fixes them."""
     bad = ["trainer.max_steps=0", "data.micro_batch_size=0", "optim.lr=0", "guards.spike.k=0", "optim.eps=0"]
