@@ -13,6 +13,7 @@ from pretrain.models.config import ModelConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRETRAINING = [
     "gpt-tiny",
+    "gpt-tiny-fast",
     "bert-tiny",
     "t5-tiny",
     "ul2-tiny",
