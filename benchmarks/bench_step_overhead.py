@@ -11,8 +11,11 @@ shared machine) and wall time, interleaved A/B over ``--rounds``, medians report
 - per step: ``Trainer.fit`` with everything ``pretrain fit`` runs (non-finite guard, hang watchdog, throughput
   monitor, checkpoint callbacks, CSV logging every 10 steps, progress bar) vs the plain loop (forward, loss,
   backward, clip, fused AdamW, schedule) over the same model and batches, in one process. Target: <= 5 %.
+  Both run with the host-memory reuse ``pretrain fit`` sets up (``trainer.reuse_host_memory``, process-wide:
+  ``pretrain/training/host_memory.py``); ``--glibc-defaults`` runs both with glibc's malloc defaults instead.
   ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,
-  logging, clipping); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per step of the costliest hooks.
+  logging, clipping, the GC schedule); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per step of the
+  costliest hooks.
 
     python benchmarks/bench_step_overhead.py [--rounds 3] [--steps 60] [--nanogpt /path/to/nanoGPT]
 """
@@ -38,6 +41,7 @@ ABLATIONS = {  # pretrain fit with everything, and without one part (overrides)
     "no non-finite guard": ("guards.nonfinite.enabled=false",),
     "no CSV logging": ("logger.csv=false", "trainer.log_every_n_steps=100000"),
     "no gradient clipping": ("trainer.gradient_clip_val=null",),
+    "Python's automatic GC": ("trainer.gc_every_n_steps=0",),
 }
 NANOGPT_CPU = [  # nanoGPT's README, "I only have a macbook" (CPU), evaluated once and stepped once
     "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
@@ -136,9 +140,15 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
     from lightning.pytorch.profilers import SimpleProfiler
     from step_timing import fit_clocks, plain_clocks, rate
 
+    from pretrain.training.host_memory import reuse_freed_memory
+
+    memory = ("trainer.reuse_host_memory=false",) if args.glibc_defaults else ()
+    if not args.glibc_defaults:
+        reuse_freed_memory()  # what pretrain fit sets up, for the plain loop too
+
     def lightning(tag: str, profile: bool, without: tuple[str, ...] = ()):
         profiler = SimpleProfiler() if profile else None
-        times = fit_clocks([*overrides(work, tag, args.steps), *without], profiler)
+        times = fit_clocks([*overrides(work, tag, args.steps), *memory, *without], profiler)
         return rate(times[: args.steps]), profiler
 
     def plain(tag: str):
@@ -153,7 +163,12 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
         print(
             f"round {r}: plain {1e3 * pc:.1f} CPU-ms/step ({1e3 * pw:.1f} ms), fit {1e3 * lc:.1f} ({1e3 * lw:.1f})"
         )
-    print(f"\nper step, {args.steps} steps x {args.rounds} rounds (medians), load {os.getloadavg()[0]:.1f}")
+    malloc = (
+        "glibc's malloc defaults" if args.glibc_defaults else "host memory reused (trainer.reuse_host_memory)"
+    )
+    print(
+        f"\nper step, {args.steps} steps x {args.rounds} rounds (medians), {malloc}, load {os.getloadavg()[0]:.1f}"
+    )
     for i, clock in ((1, "CPU clock"), (0, "wall clock")):
         p, f = (statistics.median(x[i] for x in results[k]) for k in ("plain", "fit"))
         print(f"  {clock:>10}: plain loop {1e3 * p:.2f} ms/step, pretrain fit {1e3 * f:.2f} ms/step: "
@@ -193,6 +208,11 @@ def main() -> None:
     parser.add_argument("--only", choices=["startup", "step"], help="one of the two measurements")
     parser.add_argument("--profile", action="store_true", help="per-hook costs of pretrain fit's step")
     parser.add_argument("--ablate", action="store_true", help="pretrain fit without one part at a time")
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="both with glibc's malloc defaults (no host-memory reuse)",
+    )
     parser.add_argument("--plain-startup", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_startup:

@@ -151,6 +151,10 @@ class TrainerConfig:
     peak_flops: float | None = None  # per-device peak (FLOP/s) for MFU when the device is not in the table
     float8: bool = False  # float8 matmuls in the blocks' linears (torchao; CUDA compute capability >= 8.9)
     sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
+    # automatic GC off during fit, gc.collect(1) every N optimizer steps (torchtitan); 0 or null: Python's GC
+    gc_every_n_steps: int | None = 50
+    # glibc keeps freed host memory for the next step instead of faulting it in again (training/host_memory.py)
+    reuse_host_memory: bool = True
 
 
 @dataclass
@@ -214,7 +218,7 @@ class LoggerConfig:
 @dataclass
 class CheckpointConfig:
     every_n_steps: int = 200
-    save_top_k: int = 2  # best by `monitor`, besides `last`
+    save_top_k: int = 2  # best by `monitor`, besides `last`; 0: none, -1: every validation's (as Lightning)
     monitor: str = "val/loss"
     mode: Literal["min", "max"] | None = (
         None  # None: from the metric's name (loss, ppl: min; accuracy, f1: max)
@@ -242,10 +246,23 @@ HIGHER_IS_BETTER = frozenset(
 )
 
 
+def checkpoint_problems(c: CheckpointConfig) -> list[str]:
+    """The bounds of the ``checkpoint`` section, one line each."""
+    problems = []
+    if c.every_n_steps < 1:
+        problems.append(f"checkpoint.every_n_steps must be >= 1, got {c.every_n_steps}")
+    if c.save_top_k < -1:
+        problems.append(
+            f"checkpoint.save_top_k must be >= -1 (0: no best checkpoints, -1: every validation's), "
+            f"got {c.save_top_k}"
+        )
+    return problems
+
+
 def check_checkpoint(c: CheckpointConfig) -> None:
     """``checkpoint.mode`` set when unset, from the monitored metric's name; ValueError when the name does not
     tell whether higher or lower is better."""
-    if c.mode is not None or c.save_top_k <= 0:
+    if c.mode is not None or c.save_top_k == 0:
         return
     leaf = c.monitor.rsplit("/", 1)[-1].lower()
     words = {leaf, *leaf.replace("-", "_").split("_")}
@@ -386,6 +403,11 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             problems.append(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if not t.progress_seconds > 0:
         problems.append(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
+    if t.gc_every_n_steps is not None and t.gc_every_n_steps < 0:
+        problems.append(
+            f"trainer.gc_every_n_steps must be >= 0 (0 or null: Python's automatic GC), got {t.gc_every_n_steps}"
+        )
+    problems.extend(checkpoint_problems(run.checkpoint))
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
         problems.append("data.micro_batch_size and data.seq_len must be >= 1")
     if run.data.seq_len > run.model.max_seq_len:

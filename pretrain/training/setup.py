@@ -40,7 +40,7 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
 
     import torch
 
-    if run.checkpoint.save_top_k <= 0:
+    if run.checkpoint.save_top_k == 0:
         return
     one = torch.tensor(1.0)
     logged = sorted(

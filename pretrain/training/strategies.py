@@ -119,7 +119,7 @@ def build_deepspeed(run: TrainingRun) -> Strategy:
     if run.trainer.accelerator == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
     try:
-        import deepspeed
+        import deepspeed  # noqa: F401  (installed? and DS_ACCELERATOR read now)
     except ImportError as err:
         raise ValueError(
             "strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'"

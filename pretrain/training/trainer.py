@@ -15,7 +15,9 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from pretrain.config.run import TrainingRun, check_checkpoint
 from pretrain.training import lightning_compat
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
+from pretrain.training.garbage import ScheduledGarbageCollection
 from pretrain.training.guards import build_guards
+from pretrain.training.host_memory import reuse_freed_memory
 from pretrain.training.host_sync import SyncCheck, allowed
 from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.progress import progress_callbacks
@@ -67,7 +69,7 @@ def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | No
 def build_callbacks(run: TrainingRun) -> list[Callback]:
     """``last.ckpt`` every ``checkpoint.every_n_steps`` steps, at the end and on a stop signal; the best k by
     validation loss; throughput/MFU; the guards of ``run.guards``; the host-sync check of ``trainer.sync_check``;
-    evaluation during fit (``run.eval_during_fit``)."""
+    the garbage-collection schedule of ``trainer.gc_every_n_steps``; evaluation during fit (``run.eval_during_fit``)."""
     directory = run.checkpoint_dir
     k = run.trainer.accumulate_grad_batches
     callbacks: list[Callback] = [
@@ -82,11 +84,13 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
     ]
     if run.trainer.sync_check != "off":
         callbacks.append(SyncCheck(run.trainer.sync_check))
+    if run.trainer.gc_every_n_steps:
+        callbacks.append(ScheduledGarbageCollection(run.trainer.gc_every_n_steps))
     if getattr(run, "eval_during_fit", None) and run.eval_during_fit.tasks:  # a RunConfig section only
         from pretrain.training.in_loop_eval import InLoopEvaluation
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
-    if run.checkpoint.save_top_k > 0:
+    if run.checkpoint.save_top_k != 0:
         check_checkpoint(
             run.checkpoint
         )  # sets an unset mode from the metric's name (fit's set-up did already)
@@ -118,6 +122,8 @@ def build_trainer(
     t = run.trainer
     quiet_libraries()
     lightning_compat.warn_if_untested()
+    if t.reuse_host_memory:
+        reuse_freed_memory()
     strategy = build_strategy(run)
     progress, progress_bar = progress_callbacks(t.progress_bar, t.progress_seconds)
     k = t.accumulate_grad_batches

@@ -138,3 +138,16 @@ def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_p
     assert len(set(accuracy.values())) > 1, accuracy  # the ranking decides something
     step = int(re.match(r"best-step(\d+)-accuracy", best[0].name)[1])
     assert accuracy[step - 1] == max(accuracy.values()), (best[0].name, accuracy)
+
+
+def test_save_top_k_minus_one_keeps_every_validations_checkpoint(tmp_path, tiny_world):
+    """As Lightning's ``save_top_k=-1``: no ranking, one best-* file per validation."""
+    trainer = {"max_steps": 6, "val_check_interval": 2}
+    checkpoint = {"every_n_steps": 2, "save_top_k": -1}
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer, checkpoint=checkpoint)
+    assert main(["fit", str(recipe)]) == 0
+    kept = sorted(
+        int(re.match(r"best-step(\d+)-", p.name)[1])
+        for p in (tmp_path / "run" / "checkpoints").glob("best-*")
+    )
+    assert kept == [2, 4, 6]

@@ -289,8 +289,6 @@ def test_checkpoint_without_tokenizer(files, tmp_path):
 
 
 def test_hugging_face_directory_without_tokenizer(files, tmp_path):
-    import transformers
-
     from pretrain.models.hf import save_hf
 
     cfg_model = BERT | {"lm_head": True, "mlm_head_transform": True, "lm_head_bias": True, "norm_eps": 1e-12}

@@ -31,6 +31,7 @@ def test_pretraining_sections_are_shared():
         ({"trainer": {"accumulate_grad_batches": 0}}, "trainer.accumulate_grad_batches must be >= 1"),
         ({"trainer": {"precision": "fp8"}}, "trainer.precision"),
         ({"strategy": {"name": "deepspeed"}, "guards": {"spike": {"enabled": True}}}, "guards.spike"),
+        ({"checkpoint": {"save_top_k": -2}}, "checkpoint.save_top_k must be >= -1"),
         ({"lora": {"r": 0}}, "lora needs r >= 1"),
         ({"lora": {"target_modules": []}}, "lora.target_modules is empty"),
         ({"lora": {}, "freeze": {"layers": 1}}, "freeze does not apply with lora"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torchao
+import torchao  # noqa: F401  (a float8 extra missing fails collection, in CI too)
 
 from pretrain import config
 from pretrain.models.config import ModelConfig

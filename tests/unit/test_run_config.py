@@ -85,6 +85,7 @@ def test_unknown_key_names_path_and_closest_keys():
         ("model.arch=rnn", r"ModelConfig.arch must be one of"),
         ("data.seq_len=4096", r"data.seq_len=4096 exceeds model.max_seq_len=256"),
         ("trainer.max_steps", r"not of the form key=value"),
+        ("trainer.gc_every_n_steps=-1", r"trainer.gc_every_n_steps must be >= 0 \(0 or null: Python's"),
     ],
 )
 def test_bad_values_are_named(override, message):
@@ -142,6 +143,21 @@ def test_config_pieces_of_different_verbs_do_not_share_a_name():
     finetune = CONFIG_DIR / "finetune"
     finetuning = {p.relative_to(finetune).as_posix() for p in finetune.glob("*/*.yaml")}
     assert finetuning and not pretraining & finetuning, sorted(pretraining & finetuning)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("checkpoint.every_n_steps=0", "checkpoint.every_n_steps must be >= 1, got 0"),
+        (
+            "checkpoint.save_top_k=-2",
+            r"checkpoint.save_top_k must be >= -1 \(0: no best checkpoints, -1: every",
+        ),
+    ],
+)
+def test_checkpoint_bounds_are_refused_at_validation(override, message):
+    with pytest.raises(ValueError, match=message):
+        config.load("gpt-tiny", [override])
 
 
 def test_every_config_problem_is_reported_at_once():
