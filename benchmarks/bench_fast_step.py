@@ -3,8 +3,9 @@ step, CPU milliseconds per step (process time, so a loaded machine skews it less
 CPU model size (4 layers, d=128, context 64, 366-id byte vocabulary):
 
 - ``standard + AdamW``: the AdamW baseline's model (GELU, tied head) and fused AdamW; ``+ QK-norm``: with
-  ``qk_norm`` alone (the one fast-recipe option that costs time here);
-- ``fast + AdamW``: the fast recipe's model (muP, QK-norm, ReLU^2, untied head, zero-init projections);
+  ``qk_norm`` alone (the option that costs time here, dropped from the fast recipe);
+- ``fast + AdamW``: the fast recipe's model (``recipes/gpt-tiny-fast.yaml``: muP, ReLU^2, untied head, zero-init
+  projections);
 - ``fast + Muon``: and ``torch.optim.Muon`` (Newton-Schulz, ``ns_steps``) on its hidden matrices.
 
     python benchmarks/bench_fast_step.py [--batches 12,48] [--steps 6] [--threads 1]

@@ -130,10 +130,13 @@ class ModelConfig:
     )
 
     # muP (Yang et al. 2022, "Tensor Programs V"; pretrain.models.mup): hidden init std / sqrt(m), attention
-    # softmax(q k^T / d_h), logits W h / m, Adam LR (and Muon's AdamW part) / m on hidden matrices, with the width
+    # softmax(a q k^T / d_h), logits W h / m, Adam LR (and Muon's AdamW part) / m on hidden matrices, with the width
     # multiplier m = d_model / mup_base_width; d_ff and n_head * d_h are assumed to scale with d_model.
     parametrization: str = "standard"  # standard | mup
     mup_base_width: int = 128  # d_model of the base model whose tuned hyper-parameters transfer
+    # a, the `mup` package's attn_mult: sqrt(d_h of the base model) makes the base model's attention the standard
+    # q k^T / sqrt(d_h) (what transfers is a / d_h); 1 is Tensor Programs V's plain 1/d_h
+    mup_attn_multiplier: float = 1.0
 
     pad_token_id: int | None = None
     eos_token_id: int | None = None
@@ -217,6 +220,13 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std}")
         if self.logit_scale <= 0:
             raise ValueError(f"ModelConfig.logit_scale must be > 0, got {self.logit_scale}")
+        if isinstance(self.mup_attn_multiplier, bool) or not self.mup_attn_multiplier > 0:
+            raise ValueError(f"ModelConfig.mup_attn_multiplier must be > 0, got {self.mup_attn_multiplier!r}")
+        if self.mup_attn_multiplier != 1.0 and (self.parametrization, self.attn_scale) != ("mup", "default"):
+            raise ValueError(
+                "ModelConfig.mup_attn_multiplier scales muP's attention q k^T / d_h: it needs parametrization='mup' "
+                f"and attn_scale='default' (got {self.parametrization!r}, {self.attn_scale!r}); remove it"
+            )
 
     def _check_attention(self) -> None:
         """Sparse pattern fields must fit max_seq_len and the block layout."""

@@ -526,8 +526,8 @@ def from_hf(hf_model: Any) -> Transformer:
 @torch.no_grad()
 def standard_equivalent(model: Transformer) -> Transformer:
     """``model`` under standard parametrization, computing the same function: muP's multipliers folded into the
-    weights. Attention q k^T / d_h = (d_h^-1/2 q) k^T / sqrt(d_h): the query rows (or the q_norm gain) times
-    d_h^-1/2. Logits W (t / m) + b with t = norm(x) g + beta: into that norm (g / m, beta / m) -- BERT's head
+    weights. Attention a q k^T / d_h = (a d_h^-1/2 q) k^T / sqrt(d_h): the query rows (or the q_norm gain) times
+    a d_h^-1/2 (a = ``mup_attn_multiplier``). Logits W (t / m) + b with t = norm(x) g + beta: into that norm (g / m, beta / m) -- BERT's head
     transform (the encoder's outputs unchanged), or a tied T5's final decoder norm (its decoder states scale by
     1/m; tied so that transformers' re-tying, e.g. in lm-eval, cannot swap the head); otherwise (W / m) h, the LM
     head times 1/m, untied from the embedding when it was tied. Returns ``model`` itself under standard
@@ -543,7 +543,10 @@ def standard_equivalent(model: Transformer) -> Transformer:
     into_head = cfg.lm_head and into_norm is None
     folded = Transformer(
         dataclasses.replace(
-            cfg, parametrization="standard", tie_embeddings=cfg.tie_embeddings and (m == 1.0 or not into_head)
+            cfg,
+            parametrization="standard",
+            mup_attn_multiplier=1.0,
+            tie_embeddings=cfg.tie_embeddings and (m == 1.0 or not into_head),
         )
     )
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -566,7 +569,7 @@ def standard_equivalent(model: Transformer) -> Transformer:
                 )
                 for key in keys:
                     if key in state:
-                        state[key][:q_rows] *= cfg.head_dim**-0.5
+                        state[key][:q_rows] *= cfg.mup_attn_multiplier * cfg.head_dim**-0.5
     folded.load_state_dict(state, strict=True)
     return folded.to(next(model.parameters()).dtype).train(model.training)
 

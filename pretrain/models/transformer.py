@@ -289,7 +289,8 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.scale = None if config.attn_scale == "default" else 1.0  # None: SDPA's 1/sqrt(d_h)
         if config.attn_scale == "default" and config.parametrization == "mup":
-            self.scale = 1.0 / config.head_dim  # muP: q k^T / d_h (Tensor Programs V, sec. 6)
+            # muP: a q k^T / d_h (Tensor Programs V, sec. 6), a = mup_attn_multiplier
+            self.scale = config.mup_attn_multiplier / config.head_dim
         self.dropout = config.attn_dropout
 
     def query_weight(self) -> Tensor:

@@ -169,3 +169,20 @@ def _with_lm_head_tied(model: Transformer) -> Transformer:
     with torch.no_grad():
         tied.lm_head.weight.copy_(tied.embed.tok.weight)
     return tied
+
+
+def test_fast_recipe_exports_with_equal_logits(tokenizer, tmp_path):
+    """recipes/gpt-tiny-fast.yaml's model (muP with its attention multiplier, ReLU^2, untied head, zero-init
+    projections, no QK-norm) goes through `pretrain export` to a GPT-2 whose logits equal ours."""
+    from pretrain import config
+
+    run, _ = config.load("recipes/gpt-tiny-fast.yaml", [f"model.vocab_size={tokenizer.get_vocab_size()}"])
+    assert run.model.parametrization == "mup" and run.model.mup_attn_multiplier != 1.0
+    torch.manual_seed(0)
+    model = Transformer(run.model).eval()
+    for p in model.parameters():  # trained away from init (the zero-initialised projections too)
+        p.data.normal_(0, 0.1)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(export(model, tokenizer, tmp_path)).eval()
+    ids = torch.tensor([tokenizer.encode("ROMEO: what light through yonder window breaks").ids])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)

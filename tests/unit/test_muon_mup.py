@@ -273,6 +273,7 @@ def hf_family_config(family: str, tied: bool) -> ModelConfig:
     [
         ("gpt", {"tie_embeddings": False}),
         ("gpt", {"tie_embeddings": True}),
+        ("gpt", {"tie_embeddings": False, "mup_attn_multiplier": 4.0}),
         (
             "gpt",
             {
@@ -301,6 +302,7 @@ def hf_family_config(family: str, tied: bool) -> ModelConfig:
     ids=[
         "gpt2-untied",
         "gpt2-tied",
+        "gpt2-attn-multiplier",
         "llama",
         "bert-tied",
         "bert-untied",
@@ -330,6 +332,28 @@ def test_mup_exports_to_transformers_with_equal_logits(family, options):
         assert _is_tied(hf) == (family != "gpt" and options["tie_embeddings"])
     else:
         torch.testing.assert_close(theirs.last_hidden_state, ours.hidden_states, atol=1e-5, rtol=1e-4)
+
+
+def test_mup_attn_multiplier_scales_the_attention_logits():
+    """softmax(a q k^T / d_h) with a = mup_attn_multiplier: the same model as a = 1 with its query rows times a;
+    a = sqrt(d_h) is standard attention q k^T / sqrt(d_h) on the same weights."""
+    torch.manual_seed(0)
+    cfg = mup_config(64, attn_bias=False)  # m = 1: muP differs from standard only in the attention
+    a = cfg.head_dim**0.5
+    scaled = Transformer(dataclasses.replace(cfg, mup_attn_multiplier=a)).eval()
+    for p in scaled.parameters():  # away from init, so the attention pattern matters
+        p.data.normal_(0, 0.2)
+    plain = Transformer(cfg).eval()
+    standard = Transformer(dataclasses.replace(cfg, parametrization="standard")).eval()
+    plain.load_state_dict(scaled.state_dict())
+    standard.load_state_dict(scaled.state_dict())
+    ids = torch.randint(0, 64, (2, 16))
+    torch.testing.assert_close(scaled(ids).logits, standard(ids).logits, atol=1e-5, rtol=1e-4)
+    assert (scaled(ids).logits - plain(ids).logits).abs().max() > 1e-2
+    with torch.no_grad():
+        for block in plain.decoder.blocks:
+            block.attn.query_weight().mul_(a)
+    torch.testing.assert_close(scaled(ids).logits, plain(ids).logits, atol=1e-5, rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------ recipe options
@@ -403,6 +427,11 @@ def test_bad_muon_and_mup_settings_are_one_line_errors():
         ),
         ({"optim": {"schedule": "wsd", "cooldown_fraction": 0.0}}, "cooldown_fraction"),
         ({"model": {"parametrization": "mu-p"}}, "parametrization must be one of"),
+        ({"model": {"mup_attn_multiplier": 2.0}}, "mup_attn_multiplier scales muP's attention"),
+        (
+            {"model": {"parametrization": "mup", "mup_attn_multiplier": 0.0}},
+            "mup_attn_multiplier must be > 0",
+        ),
     ]
     for override, message in cases:
         raw = copy.deepcopy(base)
