@@ -29,7 +29,8 @@ seed, as JSONL in 8 files so tasks have files to split) tokenized by ``prepare(n
 ``prepare_in_tasks`` (datatrove local executor, N tasks) and datatrove's own ``JsonlReader`` ->
 ``DocumentTokenizer`` (N tasks, no shuffling) with the same tokenizer and EOS. Each run is a fresh process;
 it reports tokens per CPU second (tokens/s per core: the CPU time of the process and its workers) and the
-peak RSS of the largest process (``ru_maxrss``); flat memory means the peak does not grow with the size.
+peak RSS of the largest process (its own ``VmHWM``, its workers' ``ru_maxrss``: ``own_peak_rss_kb``); flat
+memory means the peak does not grow with the size.
 """
 
 from __future__ import annotations
@@ -340,7 +341,18 @@ def one_growth_run(method: str, corpus_dir: str, tokenizer_path: str, n: str) ->
     wall = time.perf_counter() - start
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-    print(tokens, f"{cpu:.2f}", f"{wall:.2f}", max(own.ru_maxrss, kids.ru_maxrss))
+    print(tokens, f"{cpu:.2f}", f"{wall:.2f}", max(own_peak_rss_kb(), kids.ru_maxrss))
+
+
+def own_peak_rss_kb() -> int:
+    """This process's peak RSS (``VmHWM``). Not ``ru_maxrss``: Linux carries a process's ``ru_maxrss`` over
+    ``exec``, so a fresh ``subprocess`` starts at the RSS its parent had (the ``--growth`` launcher's, which
+    holds the corpus writer's buffers). A child's ``ru_maxrss`` may carry this process's RSS at its start the
+    same way, which is at most this peak."""
+    import re
+
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
 
 
 def growth(args) -> None:

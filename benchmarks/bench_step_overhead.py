@@ -13,11 +13,15 @@ shared machine) and wall time, interleaved A/B over ``--rounds``, medians report
   backward, clip, fused AdamW, schedule) over the same model and batches, in one process. Target: <= 5 %.
   Both run with the host-memory reuse ``pretrain fit`` sets up (``trainer.reuse_host_memory``, process-wide:
   ``pretrain/training/host_memory.py``); ``--glibc-defaults`` runs both with glibc's malloc defaults instead.
+- host memory (``--only memory``): both loops in fresh processes, glibc's malloc defaults vs reused host memory
+  alternating over ``--rounds``: CPU ms and minor page faults per step.
   ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,
-  logging, clipping, the GC schedule); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per step of the
+  logging, clipping, the GC schedule) and Lightning alone (the plain loop's step as a minimal LightningModule under
+  a bare ``lightning.Trainer``: the floor of Lightning's loop); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per step of the
   costliest hooks.
 
     python benchmarks/bench_step_overhead.py [--rounds 3] [--steps 60] [--nanogpt /path/to/nanoGPT]
+    python benchmarks/bench_step_overhead.py --only memory --rounds 4 --steps 100
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ def startup(work: Path, args: argparse.Namespace) -> None:
 def per_step(work: Path, args: argparse.Namespace) -> None:
     import torch
     from lightning.pytorch.profilers import SimpleProfiler
-    from step_timing import fit_clocks, plain_clocks, rate
+    from step_timing import fit_clocks, lightning_clocks, plain_clocks, rate
 
     from pretrain.training.host_memory import reuse_freed_memory
 
@@ -178,12 +182,18 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
             f"\nwhat costs what: pretrain fit without one part at a time, CPU ms per step ({args.rounds} rounds)"
         )
         cost: dict[str, list[float]] = {name: [] for name in ABLATIONS}
+        bare: list[float] = []
         for r in range(args.rounds):
+            bare.append(
+                1e3 * rate(lightning_clocks(overrides(work, f"bare{r}", args.steps))[: args.steps])[1]
+            )
             for name, without in ABLATIONS.items():
                 cost[name].append(1e3 * lightning(f"{name}{r}".replace(" ", "_"), False, without)[0][1])
         full = statistics.median(cost["everything"])
         plain_ms = 1e3 * statistics.median(x[1] for x in results["plain"])
         print(f"  {'plain loop':>28}: {plain_ms:6.2f}")
+        print(f"  {'Lightning alone':>28}: {statistics.median(bare):6.2f}  (the plain step as a LightningModule, "
+              "no callbacks, logger or checkpoints)")  # fmt: skip
         for name, values in cost.items():
             ms = statistics.median(values)
             note = "" if name == "everything" else f"  (the part costs {full - ms:+.2f})"
@@ -199,13 +209,64 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
             print(f"  {ms:8.3f}  {name}")
 
 
+# ----------------------------------------------------------------------------------------------- host memory
+def memory_child(work: Path, args: argparse.Namespace) -> None:
+    """One process: the plain loop then ``pretrain fit``; prints CPU-ms and page faults per step of each."""
+    import torch
+    from step_timing import faults_per_step, fit_clocks, plain_clocks, rate
+
+    from pretrain.training.host_memory import reuse_freed_memory
+
+    torch.set_num_threads(args.threads)
+    if not args.glibc_defaults:
+        reuse_freed_memory()
+    memory = [f"trainer.reuse_host_memory={str(not args.glibc_defaults).lower()}"]
+    plain = plain_clocks(overrides(work, "memory-plain", args.steps))
+    fit = fit_clocks([*overrides(work, "memory-fit", args.steps), *memory])[: args.steps]
+    print("RESULT", *(f"{v:.4f}" for t in (plain, fit) for v in (1e3 * rate(t)[1], faults_per_step(t))))
+
+
+def host_memory(work: Path, args: argparse.Namespace) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO_ROOT)}
+    modes = {"glibc defaults": ["--glibc-defaults"], "host memory reused": []}
+    results: dict[str, list[list[float]]] = {mode: [] for mode in modes}
+    for r in range(args.rounds):
+        for mode, flags in modes.items():
+            command = [
+                sys.executable,
+                __file__,
+                "--memory-child",
+                str(work),
+                "--steps",
+                str(args.steps),
+                *flags,
+            ]
+            out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+            results[mode].append([float(v) for v in out.split("RESULT")[-1].split()])
+        print(f"round {r}: " + ", ".join(f"{m}: plain {v[-1][0]:.1f} CPU-ms/step, fit {v[-1][2]:.1f}"
+                                         for m, v in results.items()))  # fmt: skip
+    print(
+        f"\nhost memory, {args.steps} steps x {args.rounds} rounds (medians), load {os.getloadavg()[0]:.1f}"
+    )
+    for mode, rows in results.items():
+        plain_ms, plain_faults, fit_ms, fit_faults = (
+            statistics.median(row[i] for row in rows) for i in range(4)
+        )
+        print(f"  {mode:>18}: plain loop {plain_ms:6.2f} CPU-ms/step {plain_faults:6.0f} faults/step, "
+              f"pretrain fit {fit_ms:6.2f} CPU-ms/step {fit_faults:6.0f} faults/step")  # fmt: skip
+    for i, name in ((0, "plain loop"), (2, "pretrain fit")):
+        gains = [d[i] - r[i] for d, r in zip(results["glibc defaults"], results["host memory reused"])]
+        print(f"  {name}: reused memory saves {statistics.median(gains):.2f} CPU-ms/step "
+              f"(per round {min(gains):.2f} to {max(gains):.2f})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout with data/shakespeare_char prepared")
-    parser.add_argument("--only", choices=["startup", "step"], help="one of the two measurements")
+    parser.add_argument("--only", choices=["startup", "step", "memory"], help="one of the measurements")
     parser.add_argument("--profile", action="store_true", help="per-hook costs of pretrain fit's step")
     parser.add_argument("--ablate", action="store_true", help="pretrain fit without one part at a time")
     parser.add_argument(
@@ -214,16 +275,21 @@ def main() -> None:
         help="both with glibc's malloc defaults (no host-memory reuse)",
     )
     parser.add_argument("--plain-startup", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_startup:
         return plain_startup(args.plain_startup)
+    if args.memory_child:
+        return memory_child(args.memory_child, args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         prepare_corpus(work)
-        if args.only != "step":
+        if args.only in (None, "startup"):
             startup(work, args)
-        if args.only != "startup":
+        if args.only in (None, "step"):
             per_step(work, args)
+        if args.only == "memory":
+            host_memory(work, args)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """Per-step timing shared by ``bench_step_overhead.py`` and ``bench_lightning_overhead.py``: the same recipe trained
 by ``Trainer.fit`` as ``pretrain fit`` runs it (callbacks, guards, loggers) and by a plain PyTorch loop (forward,
 sum of token losses / targets, backward, clip, fused AdamW, schedule) over the same model, objective and batches.
-Each records (wall, CPU) clocks after every optimizer step; ``rate`` turns them into seconds per step after
+Each records (wall, CPU, page faults) after every optimizer step; ``rate`` turns them into seconds per step after
 ``WARMUP`` steps (allocator warm-up, first-call costs)."""
 
 from __future__ import annotations
 
+import resource
 import time
 from pathlib import Path
 
 from pretrain.training import lightning_compat  # noqa: F401  (first: Lightning imported as pretrain fit does)
 
 # isort: split
+import lightning
 import torch
 from lightning.pytorch.callbacks import Callback
 
@@ -26,17 +28,24 @@ CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 RECIPE = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
 WARMUP = 5  # steps excluded from the timing
 
-Clock = tuple[float, float]  # (wall seconds, process CPU seconds)
+Clock = tuple[
+    float, float, int
+]  # (wall seconds, process CPU seconds, minor page faults of the process so far)
 
 
 def now() -> Clock:
-    return time.perf_counter(), time.process_time()
+    return time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def rate(times: list[Clock]) -> Clock:
+def rate(times: list[Clock]) -> tuple[float, float]:
     """(wall seconds per step, CPU seconds per step) after the warm-up steps."""
     n = len(times) - 1 - WARMUP
     return (times[-1][0] - times[WARMUP][0]) / n, (times[-1][1] - times[WARMUP][1]) / n
+
+
+def faults_per_step(times: list[Clock]) -> float:
+    """Minor page faults per step after the warm-up steps (memory the OS maps in again, a page at a time)."""
+    return (times[-1][2] - times[WARMUP][2]) / (len(times) - 1 - WARMUP)
 
 
 def prepare_corpus(work: Path) -> None:
@@ -109,3 +118,49 @@ def plain_clocks(overrides: list[str]) -> list[Clock]:
         scheduler.step()
         times.append(now())
     return times
+
+
+class _MinimalModule(lightning.LightningModule):
+    """The plain loop's step as a LightningModule: Lightning's automatic optimisation and nothing of ours."""
+
+    def __init__(self, model: torch.nn.Module, objective, run) -> None:
+        super().__init__()
+        self.model, self.objective, self.run = model, objective, run
+
+    def training_step(self, batch: dict, batch_idx: int):
+        batch.pop(STEP_TARGETS)
+        labels = batch.pop("labels")
+        loss_sum, n = self.objective.loss(self.model(**batch).logits, labels)
+        return loss_sum / n
+
+    def configure_gradient_clipping(self, optimizer, *args, **kwargs) -> None:
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run.trainer.gradient_clip_val)
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.model, self.run.optim)
+        scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def lightning_clocks(overrides: list[str]) -> list[Clock]:
+    """The plain loop's step under a bare ``lightning.Trainer`` (no callbacks, logger, checkpoints or progress
+    output): what Lightning's loop costs by itself, over the same model (same initial weights) and batches."""
+    run, resolved = config.load(RECIPE, overrides)
+    parts = prepare_run(run, resolved)
+    module = _MinimalModule(parts["module"].model, parts["module"].objective, run)
+    clock = StepClock()
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=run.trainer.max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock],
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(module, datamodule=build_data(run, parts["module"].objective, parts["tokenizer"]))
+    return clock.times

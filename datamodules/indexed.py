@@ -103,13 +103,12 @@ class IndexedWriter:
                 while block := f.read(4 * _CHUNK):
                     idx.write(block)
             start = 0  # sequence pointers, int64[N]: exclusive prefix sum of lengths * itemsize
-            lengths = np.memmap(self._len_path, dtype=np.int32, mode="r") if n else np.empty(0, np.int32)
-            for lo in range(0, n, _CHUNK):
-                block = lengths[lo : lo + _CHUNK].astype(np.int64) * item
-                ends = np.cumsum(block) + start
-                idx.write((ends - block).tobytes())
-                start = int(ends[-1])
-            del lengths
+            with open(self._len_path, "rb") as f:  # read, not memory-mapped: mapped pages would count as RSS
+                while block := f.read(4 * _CHUNK):
+                    sizes = np.frombuffer(block, dtype=np.int32).astype(np.int64) * item
+                    ends = np.cumsum(sizes) + start
+                    idx.write((ends - sizes).tobytes())
+                    start = int(ends[-1])
             for lo in range(0, n + 1, _CHUNK):  # document indices, int64[N+1]
                 idx.write(np.arange(lo, min(lo + _CHUNK, n + 1), dtype=np.int64).tobytes())
         self._len_path.unlink()

@@ -162,10 +162,12 @@ def split_pieces(text: str, piece_chars: int) -> list[str]:
 
 class Encoder:
     """``texts -> token ids`` per text; texts longer than ``piece_chars`` are encoded piece by piece (when the
-    tokenizer allows it, see ``_splits_like_gpt2``) and returned as int64 arrays."""
+    tokenizer allows it, see ``_splits_like_gpt2``), about ``call_chars`` characters per encoder call, and
+    returned as int64 arrays."""
 
-    def __init__(self, tokenizer: Tokenizer, piece_chars: int = PIECE_CHARS):
+    def __init__(self, tokenizer: Tokenizer, piece_chars: int = PIECE_CHARS, call_chars: int = 1 << 20):
         self.tokenizer, self.piece_chars = tokenizer, piece_chars
+        self.call_chars, self.pieces_per_call = call_chars, max(1, call_chars // piece_chars)
         self.pieces_ok = _splits_like_gpt2(tokenizer)
         # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which we do not need
         self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
@@ -182,20 +184,35 @@ class Encoder:
         for i in long:
             pieces = split_pieces(texts[i], self.piece_chars)
             parts = []
-            for lo in range(0, len(pieces), 16):  # at most ~16 pieces' encodings alive at once
-                encodings = self._encode(pieces[lo : lo + 16], add_special_tokens=False)
+            for lo in range(0, len(pieces), self.pieces_per_call):
+                encodings = self._encode(pieces[lo : lo + self.pieces_per_call], add_special_tokens=False)
                 parts += [np.asarray(e.ids, dtype=np.int64) for e in encodings]
             out[i] = np.concatenate(parts)
         return out
 
 
-def _encode_ahead(batches: Iterable[list[str]], encode: Encoder) -> Iterator[list]:
-    """``encode(batch)`` of every batch in order, encoding the next batch in a thread meanwhile: the Rust
-    encoder releases the GIL, so reading, packing and writing overlap with tokenization."""
+@dataclass
+class Packer:
+    """``batch -> pack_batch(encoder(batch))``: a batch's tokens (each document ending with ``eos_id``) and
+    lengths, as ``dtype`` arrays."""
+
+    encoder: Encoder
+    eos_id: int
+    dtype: np.dtype
+
+    def __call__(self, batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return pack_batch(self.encoder(batch), self.eos_id, self.dtype)
+
+
+def _packed_ahead(batches: Iterable[list[str]], pack: Packer) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``pack(batch)`` of every batch in order, the next one computed in a thread meanwhile (the Rust encoder
+    releases the GIL, so reading and writing overlap with tokenization). The thread packs too: the encoder's
+    id lists are then made and freed in one thread, and only the packed arrays cross over; packing them here
+    instead kept peak RSS creeping up with the corpus size (glibc's per-thread heaps fragmenting)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = None
         for batch in batches:
-            future = pool.submit(encode, batch)
+            future = pool.submit(pack, batch)
             if pending is not None:
                 yield pending.result()
             pending = future
@@ -206,42 +223,35 @@ def _encode_ahead(batches: Iterable[list[str]], encode: Encoder) -> Iterator[lis
 _worker_state: dict = {}
 
 
-def _init_worker(tokenizer_json: str, eos_id: int, dtype: str, piece_chars: int) -> None:
+def _init_worker(tokenizer_json: str, eos_id: int, dtype: str, piece_chars: int, call_chars: int) -> None:
     """Worker-process set-up: one tokenizer per process, single-threaded (the processes are the parallelism)."""
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    encoder = Encoder(Tokenizer.from_str(tokenizer_json), piece_chars)
-    _worker_state.update(encode=encoder, eos_id=eos_id, dtype=np.dtype(dtype))
+    encoder = Encoder(Tokenizer.from_str(tokenizer_json), piece_chars, call_chars)
+    _worker_state["pack"] = Packer(encoder, eos_id, np.dtype(dtype))
 
 
-def _encode_pack(batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """In a worker: ``pack_batch`` of the batch's token ids (arrays pickle far cheaper than id lists)."""
-    state = _worker_state
-    return pack_batch(state["encode"](batch), state["eos_id"], state["dtype"])
+def _pack_in_worker(batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """In a worker: the packed batch (arrays pickle far cheaper than id lists)."""
+    return _worker_state["pack"](batch)
 
 
 def _packed_in_processes(
-    batches: Iterable[list[str]], num_workers: int, encoder: Encoder, eos_id: int, dtype: np.dtype
+    batches: Iterable[list[str]], num_workers: int, pack: Packer
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``pack_batch`` of every batch, computed by ``num_workers`` spawned processes, yielded in input order;
+    """``pack(batch)`` of every batch, computed by ``num_workers`` spawned processes, yielded in input order;
     at most ``2 * num_workers`` batches are in flight (bounded memory)."""
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
-    init = (encoder.tokenizer.to_str(), eos_id, np.dtype(dtype).name, encoder.piece_chars)
+    encoder = pack.encoder
+    init = (encoder.tokenizer.to_str(), pack.eos_id, pack.dtype.name, encoder.piece_chars, encoder.call_chars)
     with context.Pool(num_workers, initializer=_init_worker, initargs=init) as pool:
         pending: collections.deque = collections.deque()
         for batch in batches:
-            pending.append(pool.apply_async(_encode_pack, (batch,)))
+            pending.append(pool.apply_async(_pack_in_worker, (batch,)))
             if len(pending) >= 2 * num_workers:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
-
-
-def _packed_here(
-    batches: Iterable[list[str]], encoder: Encoder, eos_id: int, dtype: np.dtype
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for ids in _encode_ahead(batches, encoder):
-        yield pack_batch(ids, eos_id, dtype)
 
 
 def read_meta(prepared_dir: str | os.PathLike) -> dict:
@@ -486,11 +496,11 @@ def build_shard(
     keys: collections.deque = collections.deque()
     dedup = plan_.settings["dedup"] == "exact" and skip is None
     batches = _batches(keyed, keys, batch_docs, batch_chars, dedup, counts)
-    encoder = Encoder(plan_.tokenizer, piece_chars)
+    pack = Packer(Encoder(plan_.tokenizer, piece_chars, batch_chars), plan_.eos_id, np.dtype(plan_.dtype))
     if num_workers > 0:
-        packed = _packed_in_processes(batches, num_workers, encoder, plan_.eos_id, plan_.dtype)
+        packed = _packed_in_processes(batches, num_workers, pack)
     else:
-        packed = _packed_here(batches, encoder, plan_.eos_id, plan_.dtype)
+        packed = _packed_ahead(batches, pack)
     total = sum(s.size for s in sources) or None
     seed, fraction = plan_.settings["seed"], plan_.settings["val_fraction"]
     with (

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -350,6 +351,28 @@ def test_peak_memory_independent_of_corpus_size(tmp_path, tokenizer_path, shippe
     assert peak_large - peak_small < 3072, (peak_small, peak_large)
     tokens = [IndexedDataset(tmp_path / d / "train").num_tokens for d in "ab"]
     assert tokens[1] > 3.5 * tokens[0]
+
+
+def test_the_encoding_thread_packs_its_own_id_lists(tmp_path, tokenizer, shipped_corpus, monkeypatch):
+    """In-process prepare encodes and packs each batch in one thread: the encoder's id lists never reach the
+    thread that reads and writes, only packed arrays do. (Packed in the reading thread, they fragmented glibc's
+    heaps: peak RSS crept up with the corpus size, 127 -> 144 MB from 50 to 500 MB of text.)"""
+    from pretrain.datamodules import prepare as module
+
+    threads: dict[str, set[int]] = {"encode": set(), "pack": set()}
+    encode, pack = module.Encoder.__call__, module.pack_batch
+
+    def recording(name, fn):
+        def call(*args, **kwargs):
+            threads[name].add(threading.get_ident())
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(module.Encoder, "__call__", recording("encode", encode))
+    monkeypatch.setattr(module, "pack_batch", recording("pack", pack))
+    prepare(shipped_corpus, tokenizer, tmp_path / "p", batch_docs=64, progress=False)
+    assert threads["encode"] == threads["pack"] and threading.get_ident() not in threads["pack"], threads
 
 
 def test_batched_bounds():

@@ -4,9 +4,12 @@ allocated counted), bad files."""
 from __future__ import annotations
 
 import gc
+import os
+import re
 import resource
 import struct
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,6 +106,29 @@ def test_open_is_constant_time(tmp_path):
     (small_faults, small_bytes), (big_faults, big_bytes) = costs[1_000], costs[2_000_000]
     assert big_faults <= small_faults + 32, costs
     assert big_bytes <= small_bytes + 16 * 1024, costs
+
+
+def _peak_rss_kb_of(fn) -> int:
+    """How far peak RSS (VmHWM) rose above the RSS before ``fn()``: the peak is reset first (/proc/self/clear_refs)."""
+    status = Path("/proc/self/status")
+    Path("/proc/self/clear_refs").write_text("5")
+    before = int(re.search(r"VmRSS:\s+(\d+) kB", status.read_text()).group(1))
+    fn()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status.read_text()).group(1)) - before
+
+
+@pytest.mark.skipif(
+    not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux /proc peak-RSS reset"
+)
+def test_finalize_memory_does_not_grow_with_the_document_count(tmp_path):
+    """Writing the index of 4,000,000 documents raises peak RSS by under 4 MB: the 16 MB of spilled lengths
+    are read in blocks (memory-mapped, every page of them would count as resident, +16 MB)."""
+    n_docs = 4_000_000
+    writer = IndexedWriter(tmp_path / "big", np.uint16)
+    writer.add_documents(np.ones(n_docs, np.uint16), np.ones(n_docs, np.int64))
+    rise = _peak_rss_kb_of(writer.finalize)
+    assert rise < 4096, rise
+    assert len(IndexedDataset(tmp_path / "big")) == n_docs
 
 
 def test_empty_split(tmp_path):
