@@ -11,8 +11,9 @@ shared machine) and wall time, interleaved A/B over ``--rounds``, medians report
 - per step: ``Trainer.fit`` with everything ``pretrain fit`` runs (non-finite guard, hang watchdog, throughput
   monitor, checkpoint callbacks, CSV logging every 10 steps, progress bar) vs the plain loop (forward, loss,
   backward, clip, fused AdamW, schedule) over the same model and batches, in one process. Target: <= 5 %.
-  Both run with the host-memory reuse ``pretrain fit`` sets up (``trainer.reuse_host_memory``, process-wide:
-  ``pretrain/training/host_memory.py``); ``--glibc-defaults`` runs both with glibc's malloc defaults instead.
+  Both run with the host-memory reuse of ``trainer.reuse_host_memory=true`` (process-wide:
+  ``pretrain/training/host_memory.py``; off by default); ``--glibc-defaults`` runs both with glibc's malloc
+  defaults, as ``pretrain fit`` ships.
 - host memory (``--only memory``): both loops in fresh processes, glibc's malloc defaults vs reused host memory
   alternating over ``--rounds``: CPU ms and minor page faults per step.
   ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,
@@ -146,7 +147,7 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
 
     from pretrain.training.host_memory import reuse_freed_memory
 
-    memory = ("trainer.reuse_host_memory=false",) if args.glibc_defaults else ()
+    memory = (f"trainer.reuse_host_memory={str(not args.glibc_defaults).lower()}",)
     if not args.glibc_defaults:
         reuse_freed_memory()  # what pretrain fit sets up, for the plain loop too
 

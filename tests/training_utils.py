@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -199,7 +200,29 @@ def fit_and_signal(
     """Start ``pretrain fit recipe *overrides`` and send ``signum`` as soon as ``last.ckpt`` holds step >=
     ``at_step``: to its whole process group (every DDP rank), to the launching process (rank 0) only
     (``whole_group=False``) or to the process of local rank ``rank`` only. The signal lands wherever training
-    then is. Returns (that step, the exit status of the launching process, the output)."""
+    then is. Returns (that step, the exit status of the launching process, the output). A run that finished
+    before the signal reached it (status 0: on a loaded machine the few steps left can end while the checkpoint
+    is being read) is started again from an empty ``run_dir``, up to 3 times."""
+    for _ in range(3):
+        step, status, output = _signal_once(
+            recipe, run_dir, at_step, signum, overrides, whole_group, rank, timeout
+        )
+        if status != 0:
+            return step, status, output
+        shutil.rmtree(run_dir)
+    raise AssertionError(f"3 runs of {recipe} finished before the signal at step {at_step} reached them")
+
+
+def _signal_once(
+    recipe: Path,
+    run_dir: Path,
+    at_step: int,
+    signum: int,
+    overrides: tuple[str, ...],
+    whole_group: bool,
+    rank: int | None,
+    timeout: float,
+) -> tuple[int, int, str]:
     last = run_dir / "checkpoints" / "last.ckpt"
     log_path = run_dir.parent / f"signalled-{signal.Signals(signum).name}.log"
     with open(log_path, "w") as log:
@@ -216,10 +239,13 @@ def fit_and_signal(
             while proc.poll() is None and time.monotonic() < deadline:
                 step = checkpoint_step(last)
                 if step >= at_step:
-                    if rank:
-                        os.kill(rank_pid(proc.pid, rank), signum)
-                    else:
-                        (os.killpg if whole_group and rank is None else os.kill)(proc.pid, signum)
+                    try:
+                        if rank:
+                            os.kill(rank_pid(proc.pid, rank), signum)
+                        else:
+                            (os.killpg if whole_group and rank is None else os.kill)(proc.pid, signum)
+                    except ProcessLookupError:  # it has just ended: its status tells
+                        pass
                     status = proc.wait(max(1.0, deadline - time.monotonic()))
                     if signum == signal.SIGKILL and whole_group:
                         # a killed job loses every process it started (a scheduler kills the whole job); the W&B
