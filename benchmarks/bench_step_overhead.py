@@ -11,9 +11,8 @@ shared machine) and wall time, interleaved A/B over ``--rounds``, medians report
 - per step: ``Trainer.fit`` with everything ``pretrain fit`` runs (non-finite guard, hang watchdog, throughput
   monitor, checkpoint callbacks, CSV logging every 10 steps, progress bar) vs the plain loop (forward, loss,
   backward, clip, fused AdamW, schedule) over the same model and batches, in one process. Target: <= 5 %.
-  Both run with the host-memory reuse of ``trainer.reuse_host_memory=true`` (process-wide:
-  ``pretrain/training/host_memory.py``; off by default); ``--glibc-defaults`` runs both with glibc's malloc
-  defaults, as ``pretrain fit`` ships.
+  Both run with the host-memory reuse ``pretrain fit`` sets up (``trainer.reuse_host_memory``, process-wide:
+  ``pretrain/training/host_memory.py``); ``--glibc-defaults`` runs both with glibc's malloc defaults instead.
 - host memory (``--only memory``): both loops in fresh processes, glibc's malloc defaults vs reused host memory
   alternating over ``--rounds``: CPU ms and minor page faults per step.
   ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,

@@ -153,9 +153,8 @@ class TrainerConfig:
     sync_check: Literal["off", "warn", "error"] = "off"  # host-device syncs on steps that do not log
     # automatic GC off during fit, gc.collect(1) every N optimizer steps (torchtitan); 0 or null: Python's GC
     gc_every_n_steps: int | None = 50
-    # glibc keeps freed host memory for the next step instead of faulting it in again (training/host_memory.py);
-    # off by default: SIGKILL + resume was seen not bitwise exact with it on (README "The step's hot path")
-    reuse_host_memory: bool = False
+    # glibc keeps freed host memory for the next step instead of faulting it in again (training/host_memory.py)
+    reuse_host_memory: bool = True
 
 
 @dataclass

@@ -128,15 +128,35 @@ def check_fresh(run: RunConfig, source: Any, tokenizer: Any) -> None:
         )
 
 
+def _as_last(done: Path, last: Path) -> Path:
+    """``done`` (a finished run's newest state, e.g. the best-k checkpoint of its final validation, saved just
+    before a kill cut the final ``last.ckpt``) copied to ``last`` atomically: no step is left to save it."""
+    import shutil
+
+    from pretrain.datamodules.storage import replace_path
+
+    tmp = last.with_name(f".{last.name}.copy-{secrets.token_hex(4)}")
+    (shutil.copytree if done.is_dir() else shutil.copy2)(done, tmp)
+    replace_path(tmp, last)
+    return last
+
+
 def resume_path(run: RunConfig) -> Path | None:
     """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
     checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
-    from pretrain.training.checkpoint.resume import find_resume
+    from pretrain.training.checkpoint.resume import checkpoint_step, find_resume
 
     if run.resume is None:
         return None
     if run.resume == "auto":
-        return find_resume(run.checkpoint_dir, hpc_dir=run.run_dir)
+        found = find_resume(run.checkpoint_dir, hpc_dir=run.run_dir)
+        if (
+            found is not None
+            and found.name != "last.ckpt"
+            and checkpoint_step(found) >= run.trainer.max_steps
+        ):
+            return _as_last(found, Path(run.checkpoint_dir) / "last.ckpt")
+        return found
     path = Path(run.resume)
     if not path.exists():
         raise FileNotFoundError(f"resume={run.resume}: no such checkpoint (use resume=auto or resume=null)")

@@ -23,7 +23,7 @@ from pretrain.training.checkpoint.convert import (
     optimizer_state_by_position,
 )
 from pretrain.training.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read
-from pretrain.training.checkpoint.resume import check_compatible, find_resume, is_valid
+from pretrain.training.checkpoint.resume import check_compatible, checkpoint_step, find_resume, is_valid
 
 CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
 
@@ -285,3 +285,24 @@ def test_disk_full_frees_what_the_retention_policy_no_longer_keeps(tmp_path, mon
         io.save_checkpoint({"step": 5}, last)
     assert err.value.errno == errno.ENOSPC and read(last)["global_step"] == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best-step4-loss4.0000.ckpt", "last.ckpt"]
+
+
+def test_a_finished_runs_best_checkpoint_newer_than_last_becomes_last(tmp_path):
+    """A kill between the final validation's best-k save and the final ``last.ckpt``: the rerun has no step left
+    to save, so ``resume=auto`` makes that newest state ``last.ckpt`` (what export and finetuning read)."""
+    from types import SimpleNamespace
+
+    from pretrain.training.setup import resume_path
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    save(checkpoints / "last.ckpt", 7, 100)
+    save(checkpoints / "best-step8.ckpt", 8, 200)
+    run = SimpleNamespace(
+        resume="auto", checkpoint_dir=checkpoints, run_dir=tmp_path, trainer=SimpleNamespace(max_steps=9)
+    )
+    assert resume_path(run) == checkpoints / "best-step8.ckpt"  # steps left: training writes last.ckpt itself
+    run.trainer.max_steps = 8
+    assert resume_path(run) == checkpoints / "last.ckpt"
+    assert checkpoint_step(checkpoints / "last.ckpt") == 8 and (checkpoints / "best-step8.ckpt").is_file()
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best-step8.ckpt", "last.ckpt"]
