@@ -246,9 +246,14 @@ HIGHER_IS_BETTER = frozenset(
 )
 
 
-def checkpoint_problems(c: CheckpointConfig) -> list[str]:
-    """The bounds of the ``checkpoint`` section, one line each."""
+def shared_problems(t: TrainerConfig, c: CheckpointConfig) -> list[str]:
+    """Bounds of the ``trainer`` and ``checkpoint`` fields that `pretrain fit` and `pretrain finetune` check
+    alike, one line each."""
     problems = []
+    if (t.gc_every_n_steps or 0) < 0:
+        problems.append(
+            f"trainer.gc_every_n_steps must be >= 0 (0 or null: Python's automatic GC), got {t.gc_every_n_steps}"
+        )
     if c.every_n_steps < 1:
         problems.append(f"checkpoint.every_n_steps must be >= 1, got {c.every_n_steps}")
     if c.save_top_k < -1:
@@ -403,11 +408,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
             problems.append(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if not t.progress_seconds > 0:
         problems.append(f"trainer.progress_seconds must be > 0, got {t.progress_seconds}")
-    if t.gc_every_n_steps is not None and t.gc_every_n_steps < 0:
-        problems.append(
-            f"trainer.gc_every_n_steps must be >= 0 (0 or null: Python's automatic GC), got {t.gc_every_n_steps}"
-        )
-    problems.extend(checkpoint_problems(run.checkpoint))
+    problems.extend(shared_problems(t, run.checkpoint))
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
         problems.append("data.micro_batch_size and data.seq_len must be >= 1")
     if run.data.seq_len > run.model.max_seq_len:

@@ -26,8 +26,8 @@ from pretrain.config.run import (
     TrainerConfig,
     WandbConfig,
     check_checkpoint,
-    checkpoint_problems,
     check_optim,
+    shared_problems,
 )
 from pretrain.models.config import ModelConfig
 
@@ -198,7 +198,7 @@ def _with_finetune_defaults(raw: dict[str, Any]) -> dict[str, Any]:
 def _check_training(cfg: FinetuneConfig) -> None:
     """The Trainer sections (shared with `pretrain fit`) as finetuning uses them."""
     check_optim(cfg.optim)
-    if problems := checkpoint_problems(cfg.checkpoint):
+    if problems := shared_problems(cfg.trainer, cfg.checkpoint):
         raise ValueError(problems[0])
     check_checkpoint(cfg.checkpoint)
     t = cfg.trainer
@@ -208,10 +208,6 @@ def _check_training(cfg: FinetuneConfig) -> None:
             raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if t.precision not in PRECISIONS:
         raise ValueError(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
-    if (t.gc_every_n_steps or 0) < 0:
-        raise ValueError(
-            f"trainer.gc_every_n_steps must be >= 0 (0 or null: Python's GC), got {t.gc_every_n_steps}"
-        )
     for name in ("compile", "activation_checkpointing"):
         if getattr(t, name):
             raise ValueError(
