@@ -13,10 +13,10 @@ from pretrain.config import OptimConfig, RunConfig
 from pretrain.objectives.base import Objective
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.training.optim import build_optimizer, build_scheduler
-from pretrain.training.step import StepLoss
+from pretrain.training.step import FreeGradientsAfterStep, StepLoss
 
 
-class BaselineModule(L.LightningModule):
+class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
     """A model and a loss giving summable ``loss_sum``, ``num_targets`` (and ``num_correct``) per batch; the mean
     loss of each batch is minimised with the run's AdamW + schedule (``pretrain.training.optim``). Logs ``train/*`` and
     ``val/*`` (loss, accuracy, perplexity for token-prediction models)."""

@@ -19,7 +19,7 @@ from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX
 from pretrain.training.optim import lr_lambda, param_groups
-from pretrain.training.step import StepLoss
+from pretrain.training.step import FreeGradientsAfterStep, StepLoss
 
 
 def finetune_optimizer(
@@ -36,7 +36,7 @@ def finetune_optimizer(
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-class _FinetuneBase(L.LightningModule):
+class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
     """What both finetuning modules share: the checkpoint payload `pretrain export` / ``finetuned.pt`` read,
     and the loss scale DeepSpeed needs."""
 

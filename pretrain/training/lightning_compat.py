@@ -34,6 +34,7 @@ import importlib.abc
 import importlib.machinery
 import re
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from importlib import metadata
@@ -168,12 +169,18 @@ def validation_follows(trainer: Any) -> bool:
     )
 
 
-def dead_ranks(trainer: Any) -> list[int]:
+def dead_ranks(trainer: Any, wait_s: float = 2.0) -> list[int]:
     """Global ranks of the processes this node's launcher started that have exited with an error (rank 0 of a node
-    knows its local peers; a peer's own failure is in its output)."""
+    knows its local peers; a peer's own failure is in its output). A killed peer's sockets close a moment before
+    its exit status can be read, so this waits up to ``wait_s`` for one to appear."""
     procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
     first = trainer.node_rank * trainer.num_devices
-    return [first + i + 1 for i, proc in enumerate(procs) if proc.poll() not in (None, 0)]
+    deadline = time.monotonic() + wait_s
+    while not (dead := [first + i + 1 for i, p in enumerate(procs) if p.poll() not in (None, 0)]) and procs:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return dead
 
 
 class StepProgressBar(RichProgressBar):

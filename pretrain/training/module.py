@@ -22,7 +22,7 @@ from pretrain.objectives import IGNORE_INDEX, Objective
 from pretrain.training import compile_compat, lightning_compat
 from pretrain.training.checkpoint.io import PAYLOAD
 from pretrain.training.optim import build_optimizer, build_scheduler, describe
-from pretrain.training.step import STEP_TARGETS, StepGroups, StepLoss, dropout_seed
+from pretrain.training.step import STEP_TARGETS, FreeGradientsAfterStep, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
 
 TARGET_POSITIONS = (
@@ -75,7 +75,7 @@ def _seed_generators(seed: int, device: torch.device) -> None:
         torch.get_device_module(device).manual_seed(seed)
 
 
-class PretrainModule(L.LightningModule):
+class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
     """Backbone (``pretrain.models.transformer.Transformer``) trained with ``objective``; logs loss, accuracy, perplexity
     (LM objectives), tokens seen, learning rate and gradient norm; MFU comes from ``flops_per_batch``."""
 

@@ -95,6 +95,38 @@ def test_accumulated_gradient_equals_global_batch_gradient(tmp_path, tiny_world,
         assert any(not torch.allclose(grads[n], naive[n], rtol=1e-3, atol=1e-6) for n in grads)
 
 
+class GradientsHeld(Callback):
+    """Whether any parameter holds a gradient before each micro-batch's forward and after each batch."""
+
+    def __init__(self) -> None:
+        self.before: list[bool] = []
+        self.after: list[bool] = []
+
+    @staticmethod
+    def _held(pl_module) -> bool:
+        return any(p.grad is not None for p in pl_module.parameters())
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.before.append(self._held(pl_module))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.after.append(self._held(pl_module))
+
+
+def test_gradients_are_freed_right_after_each_update(tmp_path, tiny_world):
+    """As in a plain loop: no gradient lives through a step's first forward (Lightning's own order frees them
+    only before the next backward); within an accumulated step they are kept, and the first step's gradient
+    still equals the global batch's (test above)."""
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer={"max_steps": 3, "accumulate_grad_batches": 2})
+    run, resolved = config.load(recipe)
+    parts = prepare_run(run, resolved)
+    held = GradientsHeld()
+    trainer = build_trainer(run, resolved, callbacks=[held], loggers=[])
+    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    assert held.before == [False, True] * 3  # micro-batch 1 of each step adds to micro-batch 0's gradients
+    assert held.after == [True, False] * 3
+
+
 def test_step_groups_tag_each_micro_batch_with_its_step_target_count():
     batches = [
         {"labels": torch.tensor([[1, -100, 3]])},

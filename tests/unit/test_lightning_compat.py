@@ -27,3 +27,22 @@ def test_the_tested_releases_and_missing_packages_warn_nothing(monkeypatch, recw
     monkeypatch.setattr(lightning_compat.metadata, "version", version)
     lightning_compat.warn_if_untested()
     assert not recwarn.list
+
+
+def test_a_peer_that_is_still_exiting_is_named_dead():
+    """A killed peer's sockets close a moment before its exit status is readable: the rank is still named."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    exiting = subprocess.Popen([sys.executable, "-c", "import time, os; time.sleep(0.5); os._exit(9)"])
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[alive, exiting])), node_rank=1, num_devices=3
+    )
+    try:
+        assert lightning_compat.dead_ranks(trainer) == [5]  # node 1's third process: global rank 3 + 2
+    finally:
+        alive.kill()
+        alive.wait()
+        exiting.wait()
