@@ -154,7 +154,8 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         step, k = self.step_loss, self.trainer.accumulate_grad_batches
         assert step is not None
         micro = batch_idx % k
-        _seed_generators(dropout_seed(self.run.seed, self.global_step, micro, self.global_rank), self.device)
+        if self.run.model.dropout or self.run.model.attn_dropout:  # nothing else in a step draws from them
+            _seed_generators(dropout_seed(self.run.seed, self.global_step, micro, self.global_rank), self.device)
         if micro == 0:
             step.begin(batch[STEP_TARGETS])
             self._num_correct = None
@@ -195,10 +196,8 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
                 {f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()}
             )
         metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
-        metrics = {
-            k: torch.tensor(v) for k, v in metrics.items()
-        }  # on the host: Lightning's reads never wait
-        self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
+        metrics = {k: torch.tensor(v) for k, v in metrics.items()}  # on the host: no read of them waits
+        lightning_compat.log_metrics(self.trainer, metrics, callback=True)  # equal on every rank
 
     def configure_gradient_clipping(
         self,

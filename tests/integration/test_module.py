@@ -232,6 +232,9 @@ def test_logged_metrics(tmp_path, tiny_world):
     assert all(0 < a <= 1 for a in metric_by_step(rows, "train/accuracy").values())
     assert all(g > 0 for g in metric_by_step(rows, "train/grad_norm").values())
     assert sorted(metric_by_step(rows, "val/loss")) == [2, 5]
+    # what checkpoint monitors, early stopping and the progress bar read: the last step's, as logged
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(loss[5])
+    assert float(trainer.callback_metrics["train/accuracy"]) == metric_by_step(rows, "train/accuracy")[5]
     mfu = metric_by_step(rows, "train/device/mfu")
     flops = metric_by_step(rows, "train/device/flops_per_sec")
     assert mfu and all(mfu[s] == pytest.approx(flops[s] / 1e12) for s in mfu)
