@@ -155,7 +155,9 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         assert step is not None
         micro = batch_idx % k
         if self.run.model.dropout or self.run.model.attn_dropout:  # nothing else in a step draws from them
-            _seed_generators(dropout_seed(self.run.seed, self.global_step, micro, self.global_rank), self.device)
+            _seed_generators(
+                dropout_seed(self.run.seed, self.global_step, micro, self.global_rank), self.device
+            )
         if micro == 0:
             step.begin(batch[STEP_TARGETS])
             self._num_correct = None
