@@ -17,8 +17,10 @@ shared machine) and wall time, interleaved A/B over ``--rounds``, medians report
   alternating over ``--rounds``: CPU ms and minor page faults per step.
   ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,
   logging, clipping, the GC schedule) and Lightning alone (the plain loop's step as a minimal LightningModule under
-  a bare ``lightning.Trainer``: the floor of Lightning's loop); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per step of the
-  costliest hooks.
+  a bare ``lightning.Trainer``: the floor of Lightning's loop), in Lightning's gradient order and in ``pretrain
+  fit``'s (gradients freed right after the update); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per
+  step of the costliest hooks. Per step, the loop that runs first in a round alternates (ABBA): the same loop
+  measured in one process varies by a few ms with the heap's state.
 
     python benchmarks/bench_step_overhead.py [--rounds 3] [--steps 60] [--nanogpt /path/to/nanoGPT]
     python benchmarks/bench_step_overhead.py --only memory --rounds 4 --steps 100
@@ -185,18 +187,20 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
             f"\nwhat costs what: pretrain fit without one part at a time, CPU ms per step ({args.rounds} rounds)"
         )
         cost: dict[str, list[float]] = {name: [] for name in ABLATIONS}
-        bare: list[float] = []
+        bare: dict[bool, list[float]] = {False: [], True: []}  # by free_gradients
         for r in range(args.rounds):
-            bare.append(
-                1e3 * rate(lightning_clocks(overrides(work, f"bare{r}", args.steps))[: args.steps])[1]
-            )
+            for free, values in bare.items():
+                times = lightning_clocks(overrides(work, f"bare{r}{free}", args.steps), free_gradients=free)
+                values.append(1e3 * rate(times[: args.steps])[1])
             for name, without in ABLATIONS.items():
                 cost[name].append(1e3 * lightning(f"{name}{r}".replace(" ", "_"), False, without)[0][1])
         full = statistics.median(cost["everything"])
         plain_ms = 1e3 * statistics.median(x[1] for x in results["plain"])
         print(f"  {'plain loop':>28}: {plain_ms:6.2f}")
-        print(f"  {'Lightning alone':>28}: {statistics.median(bare):6.2f}  (the plain step as a LightningModule, "
-              "no callbacks, logger or checkpoints)")  # fmt: skip
+        print(f"  {'Lightning alone':>28}: {statistics.median(bare[False]):6.2f}  (the plain step as a "
+              "LightningModule, no callbacks, logger or checkpoints; Lightning's gradient order)")  # fmt: skip
+        print(f"  {'+ gradients freed after step':>28}: {statistics.median(bare[True]):6.2f}  (the same in "
+              "pretrain fit's order: pretrain.training.step.FreeGradientsAfterStep)")  # fmt: skip
         for name, values in cost.items():
             ms = statistics.median(values)
             note = "" if name == "everything" else f"  (the part costs {full - ms:+.2f})"

@@ -21,6 +21,7 @@ from pretrain import config
 from pretrain.training.module import STEP_TARGETS
 from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.setup import build_data, prepare_run
+from pretrain.training.step import FreeGradientsAfterStep
 from pretrain.training.trainer import build_loggers, build_trainer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -142,12 +143,18 @@ class _MinimalModule(lightning.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def lightning_clocks(overrides: list[str]) -> list[Clock]:
+class _MinimalFreeingModule(FreeGradientsAfterStep, _MinimalModule):
+    """``_MinimalModule`` with the gradients freed right after each update, as ``PretrainModule`` does."""
+
+
+def lightning_clocks(overrides: list[str], free_gradients: bool = False) -> list[Clock]:
     """The plain loop's step under a bare ``lightning.Trainer`` (no callbacks, logger, checkpoints or progress
-    output): what Lightning's loop costs by itself, over the same model (same initial weights) and batches."""
+    output): what Lightning's loop costs by itself, over the same model (same initial weights) and batches; with
+    ``free_gradients``, in ``PretrainModule``'s gradient order instead of Lightning's."""
     run, resolved = config.load(RECIPE, overrides)
     parts = prepare_run(run, resolved)
-    module = _MinimalModule(parts["module"].model, parts["module"].objective, run)
+    cls = _MinimalFreeingModule if free_gradients else _MinimalModule
+    module = cls(parts["module"].model, parts["module"].objective, run)
     clock = StepClock()
     trainer = lightning.Trainer(
         accelerator="cpu",
