@@ -10,17 +10,18 @@ shared machine) and wall time, interleaved A/B over ``--rounds``, medians report
   recipe with ``--max_iters=0`` (one evaluation of 2 x 20 batches, one step). Target: <= 1.5x nanoGPT.
 - per step: ``Trainer.fit`` with everything ``pretrain fit`` runs (non-finite guard, hang watchdog, throughput
   monitor, checkpoint callbacks, CSV logging every 10 steps, progress bar) vs the plain loop (forward, loss,
-  backward, clip, fused AdamW, schedule) over the same model and batches, in one process. Target: <= 5 %.
-  Both run with the host-memory reuse ``pretrain fit`` sets up (``trainer.reuse_host_memory``, process-wide:
-  ``pretrain/training/host_memory.py``); ``--glibc-defaults`` runs both with glibc's malloc defaults instead.
-- host memory (``--only memory``): both loops in fresh processes, glibc's malloc defaults vs reused host memory
-  alternating over ``--rounds``: CPU ms and minor page faults per step.
+  backward, clip, fused AdamW, schedule) over the same model and batches. Target: <= 5 %. Each loop runs in a
+  fresh process (one in the heap another left varies by a few ms with that heap's state), and the loop that runs
+  first in a round alternates (ABBA). Both run with the host-memory reuse ``pretrain fit`` sets up
+  (``trainer.reuse_host_memory``, process-wide: ``pretrain/training/host_memory.py``); ``--glibc-defaults`` runs
+  both with glibc's malloc defaults instead.
   ``--ablate`` times ``pretrain fit`` without one part at a time (progress bar, hang watchdog, non-finite guard,
   logging, clipping, the GC schedule) and Lightning alone (the plain loop's step as a minimal LightningModule under
   a bare ``lightning.Trainer``: the floor of Lightning's loop), in Lightning's gradient order and in ``pretrain
   fit``'s (gradients freed right after the update); ``--profile`` adds Lightning's ``SimpleProfiler``: mean ms per
-  step of the costliest hooks. Per step, the loop that runs first in a round alternates (ABBA): the same loop
-  measured in one process varies by a few ms with the heap's state.
+  step of the costliest hooks.
+- host memory (``--only memory``): both loops in fresh processes, glibc's malloc defaults vs reused host memory
+  alternating over ``--rounds``: CPU ms and minor page faults per step.
 
     python benchmarks/bench_step_overhead.py [--rounds 3] [--steps 60] [--nanogpt /path/to/nanoGPT]
     python benchmarks/bench_step_overhead.py --only memory --rounds 4 --steps 100
@@ -141,30 +142,66 @@ def startup(work: Path, args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- per step
-def per_step(work: Path, args: argparse.Namespace) -> None:
-    import torch
-    from lightning.pytorch.profilers import SimpleProfiler
+LOOPS = (
+    "plain",
+    "fit",
+    "lightning",
+    "lightning-freed",
+)  # what --step-child runs (lightning: Lightning alone)
+
+
+def loop_rate(work: Path, args: argparse.Namespace, kind: str, ablation: str = "everything", profiler=None):
+    """(wall, CPU) seconds per step of one loop: the plain loop, ``pretrain fit`` (without ``ablation``'s part)
+    or Lightning alone (in Lightning's gradient order, or ``-freed`` in pretrain fit's)."""
     from step_timing import fit_clocks, lightning_clocks, plain_clocks, rate
+
+    tag = f"{kind}-{ablation}".replace(" ", "_")
+    base = overrides(work, tag, args.steps)
+    memory = f"trainer.reuse_host_memory={str(not args.glibc_defaults).lower()}"
+    if kind == "plain":
+        times = plain_clocks(base)
+    elif kind.startswith("lightning"):
+        times = lightning_clocks(base, free_gradients=kind == "lightning-freed")
+    else:
+        times = fit_clocks([*base, memory, *ABLATIONS[ablation]], profiler)
+    return rate(times[: args.steps])
+
+
+def set_up_loop(args: argparse.Namespace) -> None:
+    """What every timed loop's process gets: the thread count and the host-memory reuse pretrain fit sets up."""
+    import torch
 
     from pretrain.training.host_memory import reuse_freed_memory
 
-    memory = (f"trainer.reuse_host_memory={str(not args.glibc_defaults).lower()}",)
-    if not args.glibc_defaults:
-        reuse_freed_memory()  # what pretrain fit sets up, for the plain loop too
-
-    def lightning(tag: str, profile: bool, without: tuple[str, ...] = ()):
-        profiler = SimpleProfiler() if profile else None
-        times = fit_clocks([*overrides(work, tag, args.steps), *memory, *without], profiler)
-        return rate(times[: args.steps]), profiler
-
-    def plain(tag: str):
-        return rate(plain_clocks(overrides(work, tag, args.steps)))
-
     torch.set_num_threads(args.threads)
+    if not args.glibc_defaults:
+        reuse_freed_memory()
+
+
+def step_child(work: Path, args: argparse.Namespace) -> None:
+    """One loop in this fresh process."""
+    set_up_loop(args)
+    print("RESULT", *loop_rate(work, args, args.kind, args.ablation))
+
+
+def fresh_rate(work: Path, args: argparse.Namespace, kind: str, ablation: str = "everything"):
+    """``loop_rate`` in a fresh process: no loop runs in the heap another one left."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, __file__, "--step-child", str(work), "--kind", kind, "--ablation", ablation,
+               "--steps", str(args.steps), "--threads", str(args.threads),
+               *(["--glibc-defaults"] if args.glibc_defaults else [])]  # fmt: skip
+    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    wall, cpu = (float(v) for v in out.split("RESULT")[-1].split())
+    return wall, cpu
+
+
+def per_step(work: Path, args: argparse.Namespace) -> None:
+    from lightning.pytorch.profilers import SimpleProfiler
+
     results: dict[str, list[tuple[float, float]]] = {"plain": [], "fit": []}
-    for r in range(args.rounds):  # ABBA: the loop that runs first in a round alternates (heap state, caches)
+    for r in range(args.rounds):  # ABBA: the loop that runs first in a round alternates
         for name in ("plain", "fit") if r % 2 == 0 else ("fit", "plain"):
-            results[name].append(plain(f"plain{r}") if name == "plain" else lightning(f"fit{r}", False)[0])
+            results[name].append(fresh_rate(work, args, name))
         (pw, pc), (lw, lc) = results["plain"][-1], results["fit"][-1]
         print(
             f"round {r}: plain {1e3 * pc:.1f} CPU-ms/step ({1e3 * pw:.1f} ms), fit {1e3 * lc:.1f} ({1e3 * lw:.1f})"
@@ -173,9 +210,8 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
     malloc = (
         "glibc's malloc defaults" if args.glibc_defaults else "host memory reused (trainer.reuse_host_memory)"
     )
-    print(
-        f"\nper step, {args.steps} steps x {args.rounds} rounds (medians), {malloc}, load {os.getloadavg()[0]:.1f}"
-    )
+    print(f"\nper step, {args.steps} steps x {args.rounds} rounds (medians), each loop in a fresh process, "
+          f"{malloc}, load {os.getloadavg()[0]:.1f}")  # fmt: skip
     for i, clock in ((1, "CPU clock"), (0, "wall clock")):
         p, f = (statistics.median(x[i] for x in results[k]) for k in ("plain", "fit"))
         per_round = statistics.median(fit[i] / loop[i] for fit, loop in zip(results["fit"], results["plain"]))
@@ -184,36 +220,35 @@ def per_step(work: Path, args: argparse.Namespace) -> None:
               f"ratios {per_round:.3f}x)")  # fmt: skip
     if args.ablate:
         print(
-            f"\nwhat costs what: pretrain fit without one part at a time, CPU ms per step ({args.rounds} rounds)"
+            f"\nwhat costs what: each loop in a fresh process, CPU ms per step ({args.rounds} rounds, medians)"
         )
-        cost: dict[str, list[float]] = {name: [] for name in ABLATIONS}
-        bare: dict[bool, list[float]] = {False: [], True: []}  # by free_gradients
-        for r in range(args.rounds):
-            for free, values in bare.items():
-                times = lightning_clocks(overrides(work, f"bare{r}{free}", args.steps), free_gradients=free)
-                values.append(1e3 * rate(times[: args.steps])[1])
-            for name, without in ABLATIONS.items():
-                cost[name].append(1e3 * lightning(f"{name}{r}".replace(" ", "_"), False, without)[0][1])
-        full = statistics.median(cost["everything"])
-        plain_ms = 1e3 * statistics.median(x[1] for x in results["plain"])
-        print(f"  {'plain loop':>28}: {plain_ms:6.2f}")
-        print(f"  {'Lightning alone':>28}: {statistics.median(bare[False]):6.2f}  (the plain step as a "
+        runs = [("lightning", "everything"), ("lightning-freed", "everything")]
+        runs += [("fit", name) for name in ABLATIONS]
+        cost: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+        for _ in range(args.rounds):
+            for (kind, ablation), values in cost.items():
+                values.append(1e3 * fresh_rate(work, args, kind, ablation)[1])
+        ms = {run: statistics.median(values) for run, values in cost.items()}
+        full = ms["fit", "everything"]
+        print(f"  {'plain loop':>28}: {1e3 * statistics.median(x[1] for x in results['plain']):6.2f}")
+        print(f"  {'Lightning alone':>28}: {ms['lightning', 'everything']:6.2f}  (the plain step as a "
               "LightningModule, no callbacks, logger or checkpoints; Lightning's gradient order)")  # fmt: skip
-        print(f"  {'+ gradients freed after step':>28}: {statistics.median(bare[True]):6.2f}  (the same in "
+        print(f"  {'+ gradients freed after step':>28}: {ms['lightning-freed', 'everything']:6.2f}  (the same in "
               "pretrain fit's order: pretrain.training.step.FreeGradientsAfterStep)")  # fmt: skip
-        for name, values in cost.items():
-            ms = statistics.median(values)
-            note = "" if name == "everything" else f"  (the part costs {full - ms:+.2f})"
-            print(f"  {name:>28}: {ms:6.2f}{note}")
+        for name in ABLATIONS:
+            note = "" if name == "everything" else f"  (the part costs {full - ms['fit', name]:+.2f})"
+            print(f"  {name:>28}: {ms['fit', name]:6.2f}{note}")
     if args.profile:
-        _, profiler = lightning("profiled", profile=True)
+        profiler = SimpleProfiler()
+        set_up_loop(args)
+        loop_rate(work, args, "fit", profiler=profiler)
         steps = args.steps
         print(f"\nhooks of pretrain fit (Lightning SimpleProfiler), mean ms per step over {steps} steps:")
         costs = {
             k: 1e3 * sum(v) / steps for k, v in profiler.recorded_durations.items() if "validation" not in k
         }
-        for name, ms in sorted(costs.items(), key=lambda kv: -kv[1])[:25]:
-            print(f"  {ms:8.3f}  {name}")
+        for name, ms_ in sorted(costs.items(), key=lambda kv: -kv[1])[:25]:
+            print(f"  {ms_:8.3f}  {name}")
 
 
 # ----------------------------------------------------------------------------------------------- host memory
@@ -282,12 +317,17 @@ def main() -> None:
         help="both with glibc's malloc defaults (no host-memory reuse)",
     )
     parser.add_argument("--plain-startup", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--step-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--kind", choices=LOOPS, default="fit", help=argparse.SUPPRESS)
+    parser.add_argument("--ablation", choices=list(ABLATIONS), default="everything", help=argparse.SUPPRESS)
     parser.add_argument("--memory-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_startup:
         return plain_startup(args.plain_startup)
     if args.memory_child:
         return memory_child(args.memory_child, args)
+    if args.step_child:
+        return step_child(args.step_child, args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         prepare_corpus(work)
