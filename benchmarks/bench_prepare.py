@@ -74,7 +74,7 @@ class Timer:
     """Wall-clock seconds and CPU seconds of a ``with`` block: ``main`` (this process, all its threads),
     ``workers`` (its finished worker processes) and ``cpu`` (both)."""
 
-    def __enter__(self) -> Timer:
+    def __enter__(self) -> Timer:  # noqa: PYI034 (typing.Self is 3.11+)
         self.wall, self.main, self.workers = time.perf_counter(), time.process_time(), children_cpu_seconds()
         return self
 
@@ -274,7 +274,7 @@ def write_jsonl_corpus(directory: Path, size_mb: float, files: int = 8) -> int:
     paragraphs = [p for p in source.read_text(encoding="utf-8").split("\n\n") if p.strip()]
     source.unlink()
     rng, written, target = random.Random(0), 0, size_mb * 1e6
-    outs = [open(directory / f"part-{i:02d}.jsonl", "w", encoding="utf-8") for i in range(files)]
+    outs = [open(directory / f"part-{i:02d}.jsonl", "w", encoding="utf-8") for i in range(files)]  # noqa: SIM115
     try:
         while written < target:
             rng.shuffle(paragraphs)

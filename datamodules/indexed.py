@@ -69,8 +69,8 @@ class IndexedWriter:
             )
         self.bin_path, self.idx_path = _paths(prefix)
         self._len_path = Path(str(prefix) + ".len.tmp")
-        self._bin = open(self.bin_path, "wb")
-        self._lens = open(self._len_path, "wb")
+        self._bin = open(self.bin_path, "wb")  # noqa: SIM115 (the writer's own: closed by finalize or abort)
+        self._lens = open(self._len_path, "wb")  # noqa: SIM115
         self.num_documents = 0
         self.num_tokens = 0
 
@@ -109,8 +109,10 @@ class IndexedWriter:
                     ends = np.cumsum(sizes) + start
                     idx.write((ends - sizes).tobytes())
                     start = int(ends[-1])
-            for lo in range(0, n + 1, _CHUNK):  # document indices, int64[N+1]
-                idx.write(np.arange(lo, min(lo + _CHUNK, n + 1), dtype=np.int64).tobytes())
+            idx.writelines(  # document indices, int64[N+1]
+                np.arange(lo, min(lo + _CHUNK, n + 1), dtype=np.int64).tobytes()
+                for lo in range(0, n + 1, _CHUNK)
+            )
         self._len_path.unlink()
 
     def abort(self) -> None:
@@ -119,7 +121,7 @@ class IndexedWriter:
         for p in (self.bin_path, self.idx_path, self._len_path):
             p.unlink(missing_ok=True)
 
-    def __enter__(self) -> IndexedWriter:
+    def __enter__(self) -> IndexedWriter:  # noqa: PYI034 (typing.Self is 3.11+)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
