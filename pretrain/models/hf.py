@@ -574,14 +574,38 @@ def standard_equivalent(model: Transformer) -> Transformer:
     return folded.to(next(model.parameters()).dtype).train(model.training)
 
 
+@torch.no_grad()
+def with_zero_biases(model: Transformer) -> Transformer:
+    """``model`` with the LayerNorm, attention and MLP biases that GPT-2, BERT and BigBird always have, as zeros
+    where ``model`` has none (nanoGPT's bias-free layout): the same function. Returns ``model`` itself when it
+    lacks none of them (or uses RMSNorm, which has no bias to add)."""
+    cfg = model.config
+    absent = [f for f in ("attn_bias", "mlp_bias") if not getattr(cfg, f)]
+    if cfg.norm == "layernorm" and not cfg.norm_bias:
+        absent.append("norm_bias")
+    if not absent:
+        return model
+    biased = Transformer(dataclasses.replace(cfg, **dict.fromkeys(absent, True)))
+    ours = model.state_dict()
+    state = {}
+    for key, tensor in biased.state_dict().items():
+        assert key in ours or key.endswith(".bias"), key  # only biases are new
+        state[key] = ours[key].clone() if key in ours else torch.zeros_like(tensor)
+    biased.load_state_dict(state, strict=True)
+    return biased.to(next(model.parameters()).dtype).train(model.training)
+
+
 def to_hf(model: Transformer) -> Any:
     """The equivalent transformers model (same weights, same outputs); ValueError if no supported HF class can
-    express ``model.config``. muP models export through :func:`standard_equivalent`."""
+    express ``model.config``. muP models export through :func:`standard_equivalent`, bias-free GPT-2 / BERT /
+    BigBird layouts through :func:`with_zero_biases`."""
     import transformers
 
     model = standard_equivalent(model)
+    family = _family_of(model.config)
+    if family in (_GPT2, _BERT, _BIGBIRD):
+        model = with_zero_biases(model)
     cfg = model.config
-    family = _family_of(cfg)
     hf_config = family.hf_config(cfg, transformers)
     back = family.config(hf_config, cfg.tie_embeddings, cfg.lm_head, cfg.pooler)
     ignored = _UNCHECKED | ({"max_seq_len"} if cfg.position == "relative" else set())

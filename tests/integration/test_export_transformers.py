@@ -173,11 +173,12 @@ def _with_lm_head_tied(model: Transformer) -> Transformer:
 
 def test_fast_recipe_exports_with_equal_logits(tokenizer, tmp_path):
     """recipes/gpt-tiny-fast.yaml's model (muP with its attention multiplier, ReLU^2, untied head, zero-init
-    projections, no QK-norm) goes through `pretrain export` to a GPT-2 whose logits equal ours."""
+    projections, no QK-norm, no biases) goes through `pretrain export` to a GPT-2 whose logits equal ours."""
     from pretrain import config
 
     run, _ = config.load("recipes/gpt-tiny-fast.yaml", [f"model.vocab_size={tokenizer.get_vocab_size()}"])
     assert run.model.parametrization == "mup" and run.model.mup_attn_multiplier != 1.0
+    assert not (run.model.attn_bias or run.model.mlp_bias or run.model.norm_bias)
     torch.manual_seed(0)
     model = Transformer(run.model).eval()
     for p in model.parameters():  # trained away from init (the zero-initialised projections too)

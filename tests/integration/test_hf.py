@@ -328,6 +328,32 @@ def test_to_hf_rejects_what_hf_cannot_express(kw, field):
         to_hf(_tiny(**kw))
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},  # GPT-2
+        {"arch": "encoder", "norm_position": "post", "embedding_norm": True, "type_vocab_size": 2}
+        | {"activation": "gelu", "mlm_head_transform": True, "lm_head_bias": True},  # BERT
+        {"arch": "encoder", "norm_position": "post", "embedding_norm": True, "type_vocab_size": 2}
+        | {"activation": "gelu", "mlm_head_transform": True, "lm_head_bias": True, "pooler": True},  # BigBird
+    ],
+    ids=["gpt2", "bert", "bigbird"],
+)
+def test_bias_free_layouts_export_with_zero_biases(kw):
+    """nanoGPT's layout (no LayerNorm, attention or MLP biases) exports to GPT-2 / BERT, which always have them:
+    written as zeros, the logits are equal."""
+    model = _perturb(_tiny(n_layer=2, attn_bias=False, mlp_bias=False, norm_bias=False, **kw))
+    hf = to_hf(model).eval()
+    heads = ("predictions", "pooler")  # their biases are ours (the LM head's output bias, the pooler's)
+    added = {
+        k: v for k, v in hf.state_dict().items() if k.endswith("bias") and not any(h in k for h in heads)
+    }
+    assert added and all(not v.any() for v in added.values())
+    ids = torch.randint(0, V, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+
+
 def test_from_hf_rejects_unsupported_class():
     with pytest.raises(ValueError, match="GPT2Model"):
         from_hf(transformers.GPT2Model(transformers.GPT2Config(vocab_size=V, n_embd=24, n_layer=1, n_head=3)))
