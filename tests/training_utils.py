@@ -202,15 +202,20 @@ def fit_and_signal(
     (``whole_group=False``) or to the process of local rank ``rank`` only. The signal lands wherever training
     then is. Returns (that step, the exit status of the launching process, the output). A run that finished
     before the signal reached it (status 0: on a loaded machine the few steps left can end while the checkpoint
-    is being read) is started again from an empty ``run_dir``, up to 3 times."""
+    is being read), or whose signal landed only after its last step had been checkpointed (it ended during
+    shut-down, with nothing left to resume), is started again from an empty ``run_dir``, up to 3 times."""
+    from pretrain import config
+
+    max_steps = config.load(recipe, list(overrides))[0].trainer.max_steps
     for _ in range(3):
         step, status, output = _signal_once(
             recipe, run_dir, at_step, signum, overrides, whole_group, rank, timeout
         )
-        if status != 0:
+        saved = [checkpoint_step(p) for p in (run_dir / "checkpoints").glob("*.ckpt")]
+        if status != 0 and max(saved, default=-1) < max_steps:
             return step, status, output
         shutil.rmtree(run_dir)
-    raise AssertionError(f"3 runs of {recipe} finished before the signal at step {at_step} reached them")
+    raise AssertionError(f"3 runs of {recipe} finished before the signal at step {at_step} stopped them")
 
 
 def _signal_once(
