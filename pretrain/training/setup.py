@@ -135,7 +135,7 @@ def _as_last(done: Path, last: Path) -> Path:
 
     from pretrain.datamodules.storage import replace_path
 
-    tmp = last.with_name(f".{last.name}.copy-{secrets.token_hex(4)}")
+    tmp = last.with_name(f".{last.name}.{secrets.token_hex(4)}.tmp")  # what remove_partial_saves cleans up
     (shutil.copytree if done.is_dir() else shutil.copy2)(done, tmp)
     replace_path(tmp, last)
     return last

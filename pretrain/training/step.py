@@ -144,4 +144,4 @@ class FreeGradientsAfterStep:
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
         if self.trainer.strategy.handles_gradient_accumulation:
-            optimizer.zero_grad()
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)  # type: ignore[misc]  # Lightning's
