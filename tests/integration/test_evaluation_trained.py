@@ -90,7 +90,9 @@ def test_zero_shot_accuracy_comes_from_real_loglikelihoods(trained):
     with torch.no_grad():
         logprobs = F.log_softmax(model(torch.tensor([ids[:-1]])).logits[0].double(), -1)
     expected = sum(float(logprobs[t - 1, ids[t]]) for t in range(n_ctx, len(ids)))
-    assert first["loglikelihoods"][0] == pytest.approx(expected, abs=1e-6)
+    # float32 logits of a padded batch of 4 vs one unpadded sequence: matmuls of other shapes round differently
+    # (1.6e-6 apart on an AVX2 CPU); a wrong token, position or padding moves the sum by far more
+    assert first["loglikelihoods"][0] == pytest.approx(expected, abs=1e-5)
 
     run = type("Run", (), {"log": lambda self, payload: logged.update(payload)})()
     logged: dict = {}
