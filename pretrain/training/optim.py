@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pretrain.config import OptimConfig
+from pretrain.training.muon_compat import newton_schulz_dtype
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -145,11 +146,20 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 class _MuonGathered(torch.optim.Muon):
-    """``torch.optim.Muon``; a sharded (``DTensor``) matrix steps on its full gradient and parameter, gathered
-    from the ranks, and writes its shard back. Non-sharded parameters take torch's own step unchanged."""
+    """``torch.optim.Muon``, Newton-Schulz in ``ns_dtype`` (:mod:`pretrain.training.muon_compat`); a sharded
+    (``DTensor``) matrix steps on its full gradient and parameter, gathered from the ranks, and writes its shard
+    back. Non-sharded parameters take torch's own step unchanged."""
+
+    def __init__(self, params: Any, ns_dtype: str = "bfloat16", **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        with newton_schulz_dtype(self.ns_dtype):
+            return self._step(closure)
+
+    def _step(self, closure: Callable[[], Any] | None) -> Any:
         sharded = [p for g in self.param_groups for p in g["params"] if _is_dtensor(p) and p.grad is not None]
         if not sharded:
             return super().step(closure)
@@ -221,6 +231,7 @@ def build_optimizer(
         "ns_steps": m.ns_steps,
         "weight_decay": m.weight_decay,
         "adjust_lr_fn": m.adjust_lr,
+        "ns_dtype": m.ns_dtype,
     }
     return MuonWithAdamW(groups, muon_kwargs, {**kwargs, "fused": fused or None})
 

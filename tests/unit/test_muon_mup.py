@@ -15,6 +15,7 @@ from pretrain.config import OptimConfig
 from pretrain.config.run import MuonConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import MLP, Transformer
+from pretrain.training.muon_compat import newton_schulz
 from pretrain.training.optim import build_optimizer, hidden_matrices, lr_lambda, param_groups
 
 TINY = {"vocab_size": 64, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 16}
@@ -94,6 +95,45 @@ def test_muon_step_equals_torch_muon_and_adamw_side_by_side():
             opt.zero_grad()
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q, msg=name)
+
+
+@pytest.mark.parametrize("shape", [(48, 32), (32, 48)])
+def test_newton_schulz_is_torchs_iteration_in_the_chosen_dtype(shape):
+    """In bfloat16 it equals torch's private iteration bit for bit; in float32 it is that iteration in float32,
+    closer to the float64 one than torch's bfloat16 result."""
+    from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
+
+    grad = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    args = ((3.4445, -4.775, 2.0315), 5, 1e-7)
+    bf16 = newton_schulz(grad, *args, dtype=torch.bfloat16)
+    assert torch.equal(bf16, torch_ns(grad, *args))
+    fp32, fp64 = (newton_schulz(grad, *args, dtype=d) for d in (torch.float32, torch.float64))
+    assert fp32.dtype == torch.float32 and fp32.shape == shape
+    torch.testing.assert_close(fp32.double(), fp64, rtol=0, atol=1e-5)
+    assert (bf16.double() - fp64).abs().max() > 100 * (fp32.double() - fp64).abs().max()
+
+
+def test_muon_ns_dtype_float32_orthogonalises_the_update_in_float32():
+    """One step of ``optim.muon.ns_dtype=float32`` on a square hidden matrix: W (1 - lr wd) - lr NS32(update),
+    update = g.lerp((1 - mu) g, mu) (Nesterov, fresh momentum); torch's own function is back afterwards."""
+    from torch.optim import _muon
+
+    torch.manual_seed(0)
+    model = Transformer(MODELS["gpt"])
+    cfg = dataclasses.replace(MUON, muon=dataclasses.replace(MUON.muon, ns_dtype="float32"))
+    optimizer = build_optimizer(model, cfg)
+    weight = next(p for p in hidden_matrices(model) if p.shape[0] == p.shape[1])
+    before = weight.detach().clone()
+    original = _muon._zeropower_via_newtonschulz
+    lm_loss(model, 0).backward()
+    grad = weight.grad.clone()
+    optimizer.step()
+    assert _muon._zeropower_via_newtonschulz is original
+    update = grad.lerp((1 - 0.95) * grad, 0.95)
+    ns = newton_schulz(update, (3.4445, -4.775, 2.0315), 5, 1e-7, dtype=torch.float32)
+    torch.testing.assert_close(weight.detach(), before * (1 - 0.02 * 0.05) - 0.02 * ns)
+    bf16 = newton_schulz(update, (3.4445, -4.775, 2.0315), 5, 1e-7, dtype=torch.bfloat16)
+    assert not torch.allclose(weight.detach(), before * (1 - 0.02 * 0.05) - 0.02 * bf16, rtol=0, atol=1e-6)
 
 
 def test_muon_state_dict_round_trip_resumes_exactly():

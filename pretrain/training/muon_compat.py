@@ -1,0 +1,55 @@
+"""Muon's Newton-Schulz iteration in a chosen dtype (``optim.muon.ns_dtype``): the one use of torch's private
+Muon internals (tested with torch 2.13.0).
+
+``torch.optim.Muon`` orthogonalises each update in bfloat16 (``torch.optim._muon._zeropower_via_newtonschulz``,
+as Keller Jordan's reference does): fast where matmuls have native bf16 (CUDA; CPUs with AVX512-BF16 or AMX),
+but a CPU without it emulates bf16 matmuls, 12.5x slower than float32 on an AVX2 AMD EPYC (Zen 1). ``float32``
+runs the same quintic iteration (coefficients (a, b, c), ``ns_steps`` steps) in float32:
+X <- G / ||G||_F, then X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation of G.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+
+TESTED_WITH = {"torch": "2.13.0"}
+NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def newton_schulz(
+    grad: torch.Tensor,
+    ns_coefficients: tuple[float, float, float],
+    ns_steps: int,
+    eps: float,
+    *,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """(out, in) -> (out, in): the orthogonalised update, computed in ``dtype`` (torch's iteration, other dtype)."""
+    a, b, c = ns_coefficients
+    tall = grad.size(0) > grad.size(1)
+    x = grad.to(dtype).T if tall else grad.to(dtype)
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+@contextlib.contextmanager
+def newton_schulz_dtype(name: str) -> Iterator[None]:
+    """Within the block, ``torch.optim.Muon.step`` orthogonalises in ``name`` (``bfloat16``: torch's own)."""
+    if name == "bfloat16":
+        yield
+        return
+    from torch.optim import _muon
+
+    original = _muon._zeropower_via_newtonschulz
+    _muon._zeropower_via_newtonschulz = functools.partial(newton_schulz, dtype=NS_DTYPES[name])
+    try:
+        yield
+    finally:
+        _muon._zeropower_via_newtonschulz = original
