@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -21,7 +22,12 @@ from pretrain.training.optim import build_optimizer
 CONFIG = ModelConfig(
     vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=48, max_seq_len=16, tie_embeddings=False
 )
-OPTIM = OptimConfig(name="muon", lr=1e-2, weight_decay=0.1, muon=MuonConfig(lr=0.02, weight_decay=0.1))
+OPTIM = {  # optim.muon.ns_dtype: torch's bfloat16 Newton-Schulz, or ours in float32
+    ns: OptimConfig(
+        name="muon", lr=1e-2, weight_decay=0.1, muon=MuonConfig(lr=0.02, weight_decay=0.1, ns_dtype=ns)
+    )
+    for ns in ("bfloat16", "float32")
+}
 STEPS = 3
 
 
@@ -29,12 +35,12 @@ def batch(step: int) -> torch.Tensor:
     return torch.randint(0, CONFIG.vocab_size, (4, 9), generator=torch.Generator().manual_seed(step))
 
 
-def train(model: Transformer, halves: tuple[int, ...], net: nn.Module | None = None) -> None:
+def train(model: Transformer, halves: tuple[int, ...], ns: str, net: nn.Module | None = None) -> None:
     """STEPS optimizer steps of next-token loss on ``halves`` of each batch, through ``net`` (default ``model``;
     a DDP wrapper). One process backpropagates both halves at weight 1/2, so its gradient is bitwise the
     two ranks' average: Newton-Schulz runs in bfloat16, where a 1-ulp difference in the input would move the
     update by ~1e-2 relative and hide what the test checks."""
-    optimizer = build_optimizer(model, OPTIM)
+    optimizer = build_optimizer(model, OPTIM[ns])
     for step in range(STEPS):
         for half in halves:
             ids = batch(step).chunk(2)[half]
@@ -45,14 +51,14 @@ def train(model: Transformer, halves: tuple[int, ...], net: nn.Module | None = N
         optimizer.zero_grad()
 
 
-def reference_state() -> dict[str, torch.Tensor]:
+def reference_state(ns: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = Transformer(CONFIG)
-    train(model, (0, 1))
+    train(model, (0, 1), ns)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def worker(rank: int, port: int, out: dict) -> None:
+def worker(rank: int, port: int, ns: str, out: dict) -> None:
     """Trains DDP, then FSDP2, in one process group; rank 0 stores the full state dicts in ``out``."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -70,7 +76,7 @@ def worker(rank: int, port: int, out: dict) -> None:
             else:  # FSDP2 as the fsdp strategy applies it: every block, then the backbone
                 shard_model(nn.ModuleList([model]), init_device_mesh("cpu", (2,)))
                 assert hasattr(model.decoder.blocks[0].attn.qkv.weight, "full_tensor")  # sharded
-            train(model, (rank,), net)
+            train(model, (rank,), ns, net)
             state = {k: getattr(v, "full_tensor", lambda v=v: v)() for k, v in model.state_dict().items()}
             if rank == 0:
                 out[kind] = {k: v.detach().clone() for k, v in state.items()}
@@ -84,11 +90,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_muon_two_ranks_ddp_and_fsdp_equal_one_process():
-    expected = reference_state()
+@pytest.mark.parametrize("ns", sorted(OPTIM))
+def test_muon_two_ranks_ddp_and_fsdp_equal_one_process(ns):
+    expected = reference_state(ns)
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(worker, args=(free_port(), out), nprocs=2, start_method="spawn")
+        mp.start_processes(worker, args=(free_port(), ns, out), nprocs=2, start_method="spawn")
         got = dict(out)
     for kind in ("ddp", "fsdp"):
         assert got[kind].keys() == expected.keys()
