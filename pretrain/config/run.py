@@ -106,8 +106,9 @@ class MuonConfig:
         "original"  # lr * sqrt(max(1, out/in)) | 0.2 sqrt(max)
     )
     # Newton-Schulz in bfloat16 (torch's own: fast on GPUs and CPUs with native bf16 matmuls) or float32 (CPUs
-    # without, e.g. AVX2-only, where emulated bf16 matmuls are ~12x slower; pretrain.training.muon_compat)
-    ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    # without, e.g. AVX2-only, where emulated bf16 matmuls are ~12x slower); auto picks by the parameters' device
+    # (pretrain.training.muon_compat)
+    ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
 
 
 @dataclass

@@ -5,7 +5,9 @@ Muon internals (tested with torch 2.13.0).
 as Keller Jordan's reference does): fast where matmuls have native bf16 (CUDA; CPUs with AVX512-BF16 or AMX),
 but a CPU without it emulates bf16 matmuls, 12.5x slower than float32 on an AVX2 AMD EPYC (Zen 1). ``float32``
 runs the same quintic iteration (coefficients (a, b, c), ``ns_steps`` steps) in float32:
-X <- G / ||G||_F, then X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation of G.
+X <- G / ||G||_F, then X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation of G. ``auto`` (the
+default) picks bfloat16 on accelerators and on CPUs that report AVX512-BF16 or AMX (``torch.cpu``'s private
+probes), float32 on other CPUs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ def newton_schulz(
         gram = x @ x.T
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.T if tall else x
+
+
+def resolve(name: str, device: torch.device) -> str:
+    """``auto`` -> ``bfloat16`` where matmuls have native bf16, else ``float32``; other names unchanged."""
+    if name != "auto":
+        return name
+    if device.type != "cpu":
+        return "bfloat16"
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return "bfloat16" if any(getattr(torch.cpu, p, lambda: False)() for p in probes) else "float32"
 
 
 @contextlib.contextmanager

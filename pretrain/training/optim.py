@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pretrain.config import OptimConfig
-from pretrain.training.muon_compat import newton_schulz_dtype
+from pretrain.training.muon_compat import newton_schulz_dtype, resolve
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -150,13 +150,14 @@ class _MuonGathered(torch.optim.Muon):
     (``DTensor``) matrix steps on its full gradient and parameter, gathered from the ranks, and writes its shard
     back. Non-sharded parameters take torch's own step unchanged."""
 
-    def __init__(self, params: Any, ns_dtype: str = "bfloat16", **kwargs: Any) -> None:
+    def __init__(self, params: Any, ns_dtype: str = "auto", **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        with newton_schulz_dtype(self.ns_dtype):
+        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+        with newton_schulz_dtype(resolve(self.ns_dtype, device)):
             return self._step(closure)
 
     def _step(self, closure: Callable[[], Any] | None) -> Any:

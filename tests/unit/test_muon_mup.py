@@ -15,7 +15,7 @@ from pretrain.config import OptimConfig
 from pretrain.config.run import MuonConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import MLP, Transformer
-from pretrain.training.muon_compat import newton_schulz
+from pretrain.training.muon_compat import newton_schulz, resolve
 from pretrain.training.optim import build_optimizer, hidden_matrices, lr_lambda, param_groups
 
 TINY = {"vocab_size": 64, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 16}
@@ -78,7 +78,9 @@ def test_muon_step_equals_torch_muon_and_adamw_side_by_side():
     torch.manual_seed(0)
     model, reference = Transformer(MODELS["gpt"]), Transformer(MODELS["gpt"])
     reference.load_state_dict(model.state_dict())
-    optimizer = build_optimizer(model, MUON)
+    optimizer = build_optimizer(
+        model, dataclasses.replace(MUON, muon=dataclasses.replace(MUON.muon, ns_dtype="bfloat16"))
+    )
     hidden = {id(p) for p in hidden_matrices(reference)}
     muon = torch.optim.Muon(hidden_matrices(reference), lr=0.02, weight_decay=0.05, momentum=0.95)
     rest = [p for p in reference.parameters() if id(p) not in hidden]
@@ -134,6 +136,19 @@ def test_muon_ns_dtype_float32_orthogonalises_the_update_in_float32():
     torch.testing.assert_close(weight.detach(), before * (1 - 0.02 * 0.05) - 0.02 * ns)
     bf16 = newton_schulz(update, (3.4445, -4.775, 2.0315), 5, 1e-7, dtype=torch.bfloat16)
     assert not torch.allclose(weight.detach(), before * (1 - 0.02 * 0.05) - 0.02 * bf16, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, expected",
+    [(False, False, "float32"), (True, False, "bfloat16"), (False, True, "bfloat16")],
+)
+def test_auto_ns_dtype_is_bfloat16_where_matmuls_have_it(monkeypatch, avx512_bf16, amx, expected):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert resolve("auto", torch.device("cpu")) == expected
+    assert resolve("auto", torch.device("cuda", 0)) == "bfloat16"
+    assert resolve("float32", torch.device("cuda", 0)) == "float32"
+    assert MuonConfig().ns_dtype == "auto"
 
 
 def test_muon_state_dict_round_trip_resumes_exactly():
