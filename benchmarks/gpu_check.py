@@ -236,13 +236,13 @@ def leg_train(work: Path, profile: dict, log: Path) -> dict:
     m = metrics(run_dir)
     losses = [m["train/loss"][s] for s in sorted(m["train/loss"])]
     events = compile_events(log.read_text()[start:])
-    last = max(m["train/device/items_per_sec"])
+    last = max(m["train/tokens_per_sec_per_device"])
     result = {
         "steps": t["steps"],
         "compiled": t["compile"],
         "measured_steps": t["window"],
-        "tokens_per_s_per_device": m["train/device/items_per_sec"][last],
-        "mfu": m.get("train/device/mfu", {}).get(last),
+        "tokens_per_s_per_device": m["train/tokens_per_sec_per_device"][last],
+        "mfu": m.get("train/mfu", {}).get(last),
         **peak_used(),
         "sync_check": t["sync_check"],
         "first_loss": losses[0],
@@ -293,8 +293,11 @@ def leg_float8(work: Path, profile: dict) -> dict:
                   "trainer.compile=false", f"trainer.throughput_window={n // 2}", "trainer.log_every_n_steps=5",
                   f"checkpoint.every_n_steps={n}", *extra], profile["devices"])  # fmt: skip
         m = metrics(run_dir)
-        last = max(m["train/device/items_per_sec"])
-        out[name] = {"tokens_per_s": m["train/device/items_per_sec"][last], "loss": final_loss(run_dir, n)}
+        last = max(m["train/tokens_per_sec_per_device"])
+        out[name] = {
+            "tokens_per_s": m["train/tokens_per_sec_per_device"][last],
+            "loss": final_loss(run_dir, n),
+        }
     result = {
         "tokens_per_s_ratio": out["float8"]["tokens_per_s"] / out["bf16"]["tokens_per_s"],
         "loss_bf16": out["bf16"]["loss"],

@@ -47,6 +47,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pretrain.errors import InputError
+
 DOCUMENT_MODES = ("line", "blank_line", "file")  # and "separator:S" / "heading:R", naming a line or pattern
 INVALID_UTF8_POLICIES = ("error", "replace", "skip")
 
@@ -189,7 +191,7 @@ def resolve_sources(
     ``split`` is the split taken from ``datasets`` inputs."""
     items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if not items:
-        raise ValueError(
+        raise InputError(
             "no corpus inputs given; pass text/JSONL/Parquet files, directories or dataset names"
         )
     sources: list[Source] = []
@@ -209,7 +211,7 @@ def resolve_sources(
             else:
                 files = _files_under(path)
                 if not files:
-                    raise ValueError(f"the directory {path} contains no files")
+                    raise InputError(f"the directory {path} contains no files")
                 sources += [Source(_kind_of(f), str(f)) for f in files]
         elif _HUB_NAME.match(text) and _kind_of(path) == "text" and not path.suffix:
             sources.append(Source("hf_hub", text, split))
@@ -322,7 +324,7 @@ def _iter_text_blocks(
             try:
                 block = f.read(want) if want > 0 else b""
             except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-                raise ValueError(
+                raise InputError(
                     f"{path}: truncated or corrupt gzip file ({err}); download or compress it again"
                 ) from None
             stats.bytes_read += raw.tell() - consumed
@@ -354,13 +356,13 @@ def document_mode(document: str) -> tuple[str, str | None]:
             try:
                 re.compile(separator.strip())
             except re.error as err:
-                raise ValueError(
+                raise InputError(
                     f"document={document!r}: heading is not a regular expression ({err})"
                 ) from None
         return mode, separator.strip()
     if not colon and mode in DOCUMENT_MODES:
         return mode, None
-    raise ValueError(
+    raise InputError(
         f"document={document!r}; choose one of file, line, blank_line, separator:S (S: the line that "
         "ends a document, e.g. separator:<|endoftext|>) or heading:R (R: a regular expression matching the "
         "line that starts one)"
@@ -428,12 +430,12 @@ def _record_text(record: object, text_field: str, where: str) -> str | None:
     """The record's text; None for a null (counted as ``CorpusStats.null_texts`` and skipped, as in Parquet)."""
     if not isinstance(record, dict) or text_field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"{where}: record has no field {text_field!r} (has {keys}); set text_field")
+        raise InputError(f"{where}: record has no field {text_field!r} (has {keys}); set text_field")
     value = record[text_field]
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ValueError(f"{where}: field {text_field!r} is {type(value).__name__}, expected a string")
+        raise InputError(f"{where}: field {text_field!r} is {type(value).__name__}, expected a string")
     return value
 
 
@@ -448,7 +450,7 @@ def _jsonl_documents(source: Source, text_field: str, policy: str, stats: Corpus
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(
+                raise InputError(
                     f"{path}:{line_no}: invalid JSON ({err.msg}); expected one object per line"
                 ) from None
             yield _record_text(record, text_field, f"{path}:{line_no}")
@@ -457,7 +459,7 @@ def _jsonl_documents(source: Source, text_field: str, policy: str, stats: Corpus
 def _column_check(columns: Iterable[str], text_field: str, where: str) -> None:
     columns = list(columns)
     if text_field not in columns:
-        raise ValueError(f"{where} has no column {text_field!r} (columns: {columns}); set text_field")
+        raise InputError(f"{where} has no column {text_field!r} (columns: {columns}); set text_field")
 
 
 def _parquet_documents(path: str, text_field: str, stats: CorpusStats) -> Iterator[str]:
@@ -478,7 +480,7 @@ def _dataset_documents(source: Source, text_field: str, stats: CorpusStats) -> I
         ds = datasets.load_from_disk(source.location)
         if isinstance(ds, datasets.DatasetDict):
             if source.split not in ds:
-                raise ValueError(
+                raise InputError(
                     f"{source.location} has no split {source.split!r} (splits: {list(ds)}); set split"
                 )
             ds = ds[source.split]

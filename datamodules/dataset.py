@@ -3,7 +3,10 @@
 Three pieces, each small:
 
 * ``PackedDataset``: sample ``i`` of a corpus is ``tokens[i*L:(i+1)*L]`` of its concatenated token stream
-  (documents end with EOS; samples cross document boundaries); the tail ``< L`` is dropped.
+  (documents end with EOS; samples cross document boundaries); the tail ``< L`` is dropped. Given where the
+  documents start (``DocumentStarts``, read from the prepared index), a sample also carries its tokens'
+  ``document_ids`` (L,): 0 for the document it starts in, +1 at every document start inside it (a pure
+  function of ``i``, so a resumed run reads the same ids).
 * ``BlendedDataset``: the training *stream*. One epoch is ``epoch_size`` positions; position ``j`` of epoch
   ``e`` has stream index ``g = e * epoch_size + j``. The corpus of each position follows a fixed schedule
   with exact proportions (``blend_schedule``); within a corpus, draws walk through a fresh permutation of
@@ -23,23 +26,77 @@ not wrap them in another distributed sampler (``Trainer(use_distributed_sampler=
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
+from pretrain.errors import InputError
+
+
+class DocumentStarts:
+    """Token offsets at which the documents of one token shard start, read from its Megatron index without a
+    copy: the index's byte ``pointers`` (N,) (memory-mapped) over the token size; for a Megatron corpus whose
+    sequences are sentences, the pointers of its ``document_indices``. ``from_lengths`` builds one in memory."""
+
+    def __init__(self, prefix: str | os.PathLike | None = None, lengths: Sequence[int] | None = None):
+        self.prefix = prefix
+        if prefix is not None:
+            from pretrain.datamodules.indexed import IndexedDataset
+
+            index = IndexedDataset(prefix)
+            pointers, self.itemsize = index.pointers, index.dtype.itemsize
+            if len(index.document_indices) != len(pointers) + 1:  # sequences are not documents
+                pointers = pointers[index.document_indices[:-1]]
+            self.pointers = pointers
+        else:
+            self.itemsize = 1
+            self.pointers = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[int]) -> DocumentStarts:
+        """Documents of these lengths, back to back from offset 0."""
+        return cls(lengths=lengths)
+
+    def within(self, lo: int, hi: int) -> np.ndarray:
+        """Document starts ``s`` with ``lo < s < hi``, as offsets from ``lo`` (int64, ascending)."""
+        a = int(np.searchsorted(self.pointers, (lo + 1) * self.itemsize, side="left"))
+        b = int(np.searchsorted(self.pointers, hi * self.itemsize, side="left"))
+        return np.asarray(self.pointers[a:b], dtype=np.int64) // self.itemsize - lo
+
+    def __getstate__(self) -> dict:  # a shard's index is pickled as its location (workers re-map it)
+        return {"prefix": self.prefix} if self.prefix is not None else self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        if "pointers" in state:
+            self.__dict__.update(state)
+        else:
+            self.__init__(state["prefix"])  # type: ignore[misc]
+
 
 class PackedDataset(Dataset):
     """Fixed-length samples of one token stream ``tokens (N,)``: sample i = ``tokens[i*L:(i+1)*L]``. ``tokens``
-    may be a list of arrays (the shards of a corpus prepared in tasks), read as their concatenation."""
+    may be a list of arrays (the shards of a corpus prepared in tasks), read as their concatenation;
+    ``documents``: where each shard's documents start (one ``DocumentStarts`` per shard), for ``sample``'s
+    document ids (a shard starts a document)."""
 
-    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray], sample_length: int, name: str = "corpus"):
+    def __init__(
+        self,
+        tokens: np.ndarray | Sequence[np.ndarray],
+        sample_length: int,
+        name: str = "corpus",
+        documents: Sequence[DocumentStarts] | None = None,
+    ):
         if sample_length < 1:
             raise ValueError(f"sample_length must be >= 1, got {sample_length}")
+        if documents is not None and not isinstance(tokens, np.ndarray):
+            documents = [d for t, d in zip(tokens, documents, strict=True) if len(t)] or list(documents)[:1]
         shards = (
             [tokens] if isinstance(tokens, np.ndarray) else [t for t in tokens if len(t)] or list(tokens)[:1]
         )
+        self.documents = None if documents is None else list(documents)
         self.shards = [np.asarray(t) for t in shards]  # plain views (no copy): indexing a np.memmap is slower
         self.sample_length, self.name = sample_length, name
         # a memory-mapped file is pickled as its location (spawned workers re-map it instead of copying it)
@@ -51,7 +108,7 @@ class PackedDataset(Dataset):
         total = int(self.offsets[-1])
         self.num_samples = total // sample_length
         if self.num_samples == 0:
-            raise ValueError(
+            raise InputError(
                 f"corpus {name!r} has {total} tokens, fewer than one sample of {sample_length} tokens "
                 f"(the objective's raw length for the configured seq_len); add text to it or lower seq_len"
             )
@@ -74,6 +131,23 @@ class PackedDataset(Dataset):
             np.asarray(np.memmap(m[0], dtype=m[1], mode="r", offset=m[2], shape=m[3])) if m else t
             for t, m in zip(self.shards, self._mappings)
         ]
+
+    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Sample ``i`` and its ``document_ids`` (both int64 ``(L,)``; None without ``documents``)."""
+        tokens = self[i]
+        if self.documents is None:
+            return tokens, None
+        starts = np.zeros(self.sample_length, dtype=np.int64)
+        lo, hi = i * self.sample_length, (i + 1) * self.sample_length
+        k = int(np.searchsorted(self.offsets, lo, side="right")) - 1
+        while k < len(self.shards) and self.offsets[k] < hi:
+            base = int(self.offsets[k])
+            if base > lo:
+                starts[base - lo] = 1  # a shard starts a document
+            inside = self.documents[k].within(max(lo, base) - base, min(hi, int(self.offsets[k + 1])) - base)
+            starts[inside + max(lo, base) - lo] = 1
+            k += 1
+        return tokens, np.cumsum(starts)
 
     def __getitem__(self, i: int) -> np.ndarray:
         """Sample ``i`` as int64 ``(L,)``."""
@@ -99,9 +173,9 @@ def normalize_weights(weights: Sequence[float] | None, count: int) -> np.ndarray
         return np.full(count, 1.0 / count)
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (count,):
-        raise ValueError(f"got {w.size} weights for {count} corpora; give one weight per prepared dir")
+        raise InputError(f"got {w.size} weights for {count} corpora; give one weight per prepared dir")
     if not np.all(np.isfinite(w)) or np.any(w <= 0):
-        raise ValueError(f"weights must be positive finite numbers, got {list(weights)}")
+        raise InputError(f"weights must be positive finite numbers, got {list(weights)}")
     return w / w.sum()
 
 
@@ -146,12 +220,13 @@ class Sample(NamedTuple):
 
     index: int
     tokens: np.ndarray  # (L,) int64
+    document_ids: np.ndarray | None = None  # (L,) int64, 0 for the first document (``PackedDataset.sample``)
 
 
 class BlendedDataset(Dataset):
     """The sample stream over ``datasets`` (``PackedDataset``s), mixed by ``weights``.
 
-    ``ds[g]`` for any stream index ``g >= 0`` is ``Sample(g, tokens)``; ``len(ds)`` is ``epoch_size``
+    ``ds[g]`` for any stream index ``g >= 0`` is ``Sample(g, tokens, document_ids)``; ``len(ds)`` is ``epoch_size``
     (default: the total number of samples). Per epoch corpus d gets ``counts[d]`` positions; its k-th draw
     overall (counting across epochs) is sample ``perm(d, k // n_d)[k % n_d]``, a fresh seeded permutation
     per pass over the corpus (identity order when ``shuffle=False``, as for validation).
@@ -169,7 +244,7 @@ class BlendedDataset(Dataset):
         if not datasets:
             raise ValueError("BlendedDataset needs at least one dataset")
         if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+            raise InputError(f"seed must be >= 0, got {seed}")
         self.datasets = list(datasets)
         self.weights = normalize_weights(weights, len(self.datasets))
         self.seed, self.shuffle = seed, shuffle
@@ -209,7 +284,7 @@ class BlendedDataset(Dataset):
 
     def __getitem__(self, index: int) -> Sample:
         d, i = self.locate(index)
-        return Sample(index, self.datasets[d][i])
+        return Sample(index, *self.datasets[d].sample(i))
 
 
 def global_batch_size(micro_batch_size: int, world_size: int) -> int:
@@ -227,7 +302,7 @@ class ShardedSampler(DistributedSampler):
         self.global_batch_size = global_batch_size(micro_batch_size, world_size)
         self.batches_per_epoch = epoch_size // self.global_batch_size
         if self.batches_per_epoch == 0:
-            raise ValueError(
+            raise InputError(
                 f"{epoch_size} samples per epoch are fewer than one global batch of {self.global_batch_size} "
                 f"(micro_batch_size {micro_batch_size} x world size {world_size}); add data, lower seq_len "
                 f"or micro_batch_size"
@@ -286,7 +361,7 @@ class ResumableSampler(ShardedSampler):
         epoch, consumed = int(state["epoch"]), int(state["consumed_samples"])
         per_epoch = self.batches_per_epoch * self.global_batch_size
         if epoch < 0 or not 0 <= consumed <= per_epoch or consumed % self.global_batch_size:
-            raise ValueError(
+            raise InputError(
                 f"cannot resume at epoch {epoch} after {consumed} samples: need epoch >= 0 and a multiple of "
                 f"the global batch size {self.global_batch_size} in [0, {per_epoch}]; resume with the "
                 f"micro-batch size and world size of the run that saved the state (or ones whose product "

@@ -29,12 +29,20 @@ document by priority within its readers' files, not the first in our stream orde
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import hashlib
 import itertools
 import json
 import math
 import os
+import select
 import shutil
+import signal
+import sys
+import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -63,6 +71,7 @@ from pretrain.datamodules.prepare import (
     text_digest,
 )
 from pretrain.datamodules.storage import atomic_write_text, exclusive, replace_path
+from pretrain.errors import InputError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -147,8 +156,10 @@ class ScanTask(PipelineStep):
         super().__init__()
         self.staging, self.sources, self.specs = staging, sources, specs
         self.read_args, self.hashes = read_args, hashes
+        self.launcher: int | None = None  # set for the local executor: its workers die with this process
 
     def run(self, data: Any, rank: int = 0, world_size: int = 1) -> Any:
+        die_with_launcher(self.launcher)
         scan = Path(self.staging) / "scan"
         spec, counts, lines, digests = self.specs[rank], [], [], []
         for piece in spec["pieces"]:
@@ -184,6 +195,7 @@ class TokenizeTask(PipelineStep):
         super().__init__()
         self.staging, self.tokenizer_json, self.settings = staging, tokenizer_json, settings
         self.sources, self.build_args = sources, build_args
+        self.launcher: int | None = None  # set for the local executor: its workers die with this process
 
     def run(self, data: Any, rank: int = 0, world_size: int = 1) -> Any:
         from tokenizers import Tokenizer
@@ -191,6 +203,7 @@ class TokenizeTask(PipelineStep):
         from pretrain.datamodules.indexed import IndexedWriter
         from pretrain.datamodules.prepare import _input_info, build_shard
 
+        die_with_launcher(self.launcher)
         staging, suffix = Path(self.staging), f"-{rank:05d}"
         spec = json.loads((staging / f"spec{suffix}.json").read_text())
         pieces = spec["pieces"]
@@ -240,9 +253,58 @@ class TokenizeTask(PipelineStep):
         return data
 
 
-def _executor(kind: str, pipeline: list, tasks: int, workers: int, logging_dir: Path, options: dict):
+def die_with_launcher(launcher: int | None) -> None:
+    """In a worker process of the local executor (not the launcher itself, which runs the tasks when they run one
+    at a time): end when the launcher ends, so that a killed ``pretrain prepare`` -- SIGKILL included -- leaves no
+    task running on. A thread waits on the launcher's pidfd (or polls it each second) and then kills this process.
+    (The parent's death signal would not do: a worker's parent is the fork server, which waits for its workers.)"""
+    if launcher is not None and launcher != os.getpid():
+        _watch(launcher)
+
+
+@functools.cache
+def _watch(launcher: int) -> None:
+    """Start the thread of ``die_with_launcher`` (once per worker process)."""
+
+    def wait() -> None:
+        try:
+            fd = os.pidfd_open(launcher)  # Linux >= 5.3: readable once the process has ended
+            select.select([fd], [], [])
+        except (AttributeError, OSError):  # no pidfd (or the launcher is already gone): poll
+            with contextlib.suppress(PermissionError):
+                while True:
+                    os.kill(launcher, 0)
+                    time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="pretrain-launcher-watch", daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL when the parent process dies (Linux ``PR_SET_PDEATHSIG``)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+@functools.cache
+def _forks_die_with_this_process() -> None:
+    """Processes ``multiprocess`` forks from this one get ``_die_with_parent`` (registered once): datatrove's
+    manager process, which would otherwise outlive a killed launcher, and with it the fork server."""
+    import multiprocess.util
+
+    multiprocess.util.register_after_fork(_die_with_parent, lambda _: _die_with_parent())
+
+
+def build_executor(kind: str, pipeline: list, tasks: int, workers: int, logging_dir: Path, options: dict):
+    """datatrove's executor ``kind`` running ``pipeline`` as ``tasks`` tasks, ``workers`` at a time (also
+    ``pretrain ladder``'s); ``options`` go to it (SLURM: partition, time, job_name, ...)."""
     if kind == "local":
         from datatrove.executor import LocalPipelineExecutor
+
+        _forks_die_with_this_process()
+        for step in pipeline:
+            if hasattr(step, "launcher"):  # a step calling die_with_launcher(self.launcher) first
+                step.launcher = os.getpid()
 
         return LocalPipelineExecutor(
             pipeline, tasks=tasks, workers=workers, logging_dir=str(logging_dir), **options
@@ -267,13 +329,47 @@ def _executor(kind: str, pipeline: list, tasks: int, workers: int, logging_dir: 
     raise ValueError(f"executor={kind!r}; choose one of {EXECUTORS}")
 
 
+def _forget(directory: Path, logs: Path, rank: int) -> None:
+    """Task ``rank`` runs again: its manifest and datatrove's completion mark are dropped."""
+    (directory / f"task-{rank:05d}.json").unlink(missing_ok=True)
+    (logs / "completions" / f"{rank:05d}").unlink(missing_ok=True)
+
+
 def _forget_changed(directory: Path, logs: Path, specs: list[dict]) -> None:
     """Forget the tasks whose manifest in ``directory`` records another spec than now (or none)."""
     for rank, spec in enumerate(specs):
         manifest = directory / f"task-{rank:05d}.json"
         if not manifest.is_file() or json.loads(manifest.read_text())["spec"] != spec:
-            manifest.unlink(missing_ok=True)
-            (logs / "completions" / f"{rank:05d}").unlink(missing_ok=True)
+            _forget(directory, logs, rank)
+
+
+def shard_problem(staging: Path, rank: int) -> str | None:
+    """What is wrong with finished task ``rank``'s shards in ``staging`` (missing, truncated, or other counts than
+    its manifest records), or None."""
+    from pretrain.datamodules.indexed import IndexedDataset
+
+    manifest = json.loads((staging / f"task-{rank:05d}.json").read_text())
+    for split in SPLITS:
+        prefix = staging / f"{split}-{rank:05d}"
+        try:
+            shard = IndexedDataset(prefix)
+        except (FileNotFoundError, InputError) as err:
+            return str(err).split(";")[0]
+        counts = manifest["splits"][split]
+        if (len(shard), shard.num_tokens) != (counts["documents"], counts["tokens"]):
+            return (
+                f"{prefix}.bin holds {len(shard)} documents / {shard.num_tokens} tokens, its task wrote "
+                f"{counts['documents']} / {counts['tokens']}"
+            )
+    return None
+
+
+def _forget_damaged(staging: Path, tasks: int) -> None:
+    """Finished tasks whose shards were lost or damaged since (a truncated copy, a deleted file) run again."""
+    for rank in range(tasks):
+        if (staging / f"task-{rank:05d}.json").is_file() and (problem := shard_problem(staging, rank)):
+            warnings.warn(f"task {rank}'s shards are damaged ({problem}); running it again", stacklevel=3)
+            _forget(staging, staging / "logs", rank)
 
 
 def _run(run, staging: Path, directory: Path, tasks: int, executor: str) -> list[int]:
@@ -283,14 +379,34 @@ def _run(run, staging: Path, directory: Path, tasks: int, executor: str) -> list
     except InvalidUTF8Error:
         raise  # the CLI names the setting
     except Exception as err:  # a task's own error, re-raised by the executor
-        raise ValueError(f"{err} (complete tasks are kept: fix it and rerun the same command)") from err
+        raise InputError(f"{err} (complete tasks are kept: fix it and rerun the same command)") from err
     missing = [r for r in range(tasks) if not (directory / f"task-{r:05d}.json").is_file()]
     if missing and executor != "slurm":
-        raise ValueError(
+        raise InputError(
             f"task(s) {missing} of `pretrain prepare` failed (logs: {directory / 'logs' / 'logs'}); fix the cause "
             "and rerun the same command: complete tasks are kept, only these run again"
         )
     return missing
+
+
+def _remove_other_staging(out_dir: Path, staging: Path) -> None:
+    """Remove the staging directories of earlier runs for ``out_dir`` with another task count, tokenizer or
+    settings: their tasks can never be assembled into this output (the caller holds ``out_dir``'s lock)."""
+    for other in out_dir.parent.glob(f".{out_dir.name}.tasks-*"):
+        if other != staging and other.is_dir():
+            warnings.warn(
+                f"removing {other}: the tasks of an earlier `pretrain prepare --executor` with another --tasks "
+                f"count or other settings (this run's tasks are in {staging.name})",
+                stacklevel=4,
+            )
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _remove_partial(staging: Path) -> None:
+    """Remove what killed tasks left in ``staging``: half-written shard directories and temporary files."""
+    for pattern in ("partial-*", "scan/hashes-*.*.npy", "skip-*.*.npy", ".*.tmp", "scan/.*.tmp"):
+        for leftover in staging.glob(pattern):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
 
 
 def _scan_specs(runs: list[list[Piece]], stats: list, dedup: bool) -> list[dict] | None:
@@ -367,15 +483,15 @@ def prepare_in_tasks(
     job array finished goes on (the scan stage's, then the tokenize stage's) and finally assembles the
     directory (``{"submitted": True, ...}`` until then)."""
     if executor not in EXECUTORS:
-        raise ValueError(f"executor={executor!r}; choose one of {EXECUTORS}")
+        raise InputError(f"executor={executor!r}; choose one of {EXECUTORS}")
     if tasks < 1:
-        raise ValueError(f"tasks={tasks} must be >= 1")
+        raise InputError(f"tasks={tasks} must be >= 1")
     out_dir = Path(out_dir).expanduser()
     with exclusive(out_dir, "`pretrain prepare`"):
         old = previous_meta(out_dir)
         cheap = plan(inputs, tokenizer, previous=old, hash_inputs=False, **settings)
         if any(s.kind in ("hf_hub", "hf_disk") for s in cheap.sources):
-            raise ValueError(
+            raise InputError(
                 "--executor splits input files; `datasets` inputs are prepared without --executor"
             )
         if (
@@ -396,6 +512,9 @@ def prepare_in_tasks(
             json.dumps([cheap.settings, cheap.tokenizer_hash, tasks]).encode()
         ).hexdigest()[:12]
         staging = out_dir.with_name(f".{out_dir.name}.tasks-{staging_id}")
+        _remove_other_staging(out_dir, staging)
+        if executor != "slurm":  # no task of ours runs now (we hold the lock): what killed ones left goes
+            _remove_partial(staging)
         (staging / "logs" / "completions").mkdir(parents=True, exist_ok=True)
         described = [{"kind": s.kind, "location": s.location, "split": s.split} for s in sources]
         scans = _scan_specs(runs, stats, dedup)
@@ -404,7 +523,7 @@ def prepare_in_tasks(
             _forget_changed(staging / "scan", staging / "scan" / "logs", scans)
             read_args = {k: cheap.settings[k] for k in ("document", "text_field", "on_invalid_utf8")}
             step = ScanTask(str(staging), described, scans, read_args, dedup)
-            run = _executor(
+            run = build_executor(
                 executor, [step], tasks, workers, staging / "scan" / "logs", executor_options or {}
             )
             missing = _run(run, staging, staging / "scan", tasks, executor)
@@ -418,6 +537,7 @@ def prepare_in_tasks(
                 os.replace(tmp, staging / f"skip-{rank:05d}.npy")
             atomic_write_text(staging / f"spec-{rank:05d}.json", json.dumps(spec))
         _forget_changed(staging, staging / "logs", specs)
+        _forget_damaged(staging, tasks)
         step = TokenizeTask(
             str(staging),
             cheap.tokenizer.to_str(),
@@ -425,7 +545,7 @@ def prepare_in_tasks(
             described,
             {"dtype": cheap.dtype.name, "batch_docs": batch_docs, "batch_chars": batch_chars},
         )
-        run = _executor(executor, [step], tasks, workers, staging / "logs", executor_options or {})
+        run = build_executor(executor, [step], tasks, workers, staging / "logs", executor_options or {})
         missing = _run(run, staging, staging, tasks, executor)
         if missing:
             return {"submitted": True, "stage": "tokenize", "staging": str(staging), "tasks_pending": missing}
@@ -433,7 +553,15 @@ def prepare_in_tasks(
 
 
 def _assemble(out_dir: Path, staging: Path, cheap: Plan, tasks: int) -> dict:
-    """Move the finished shards into a new ``out_dir`` with its ``meta.json`` (the single-process cache key)."""
+    """Move the finished shards into a new ``out_dir`` with its ``meta.json`` (the single-process cache key).
+    Every shard is checked first; a failure moves the shards back into ``staging`` (nothing finished is lost)."""
+    for rank in range(tasks):
+        if problem := shard_problem(staging, rank):
+            _forget(staging, staging / "logs", rank)
+            raise InputError(
+                f"task {rank} of `pretrain prepare` finished, but its shards are damaged ({problem}); rerun the same "
+                "command: that task runs again, the others are kept"
+            )
     manifests = [json.loads((staging / f"task-{r:05d}.json").read_text()) for r in range(tasks)]
     owned = {f: info for m in manifests for f, info in m["inputs"]}
     inputs = [owned[f] for f in range(len(cheap.sources))]
@@ -463,15 +591,20 @@ def _assemble(out_dir: Path, staging: Path, cheap: Plan, tasks: int) -> dict:
     meta["shards"] = [f"{r:05d}" for r in range(tasks)]
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
+    moved: list[tuple[Path, Path]] = []
     try:
         for r in range(tasks):
             for split in SPLITS:
                 for ext in (".bin", ".idx"):
-                    os.replace(staging / f"{split}-{r:05d}{ext}", tmp / f"{split}-{r:05d}{ext}")
+                    name = f"{split}-{r:05d}{ext}"
+                    os.replace(staging / name, tmp / name)
+                    moved.append((tmp / name, staging / name))
         atomic_write_text(tmp / "tokenizer.json", cheap.tokenizer.to_str())
         atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2))
         replace_path(tmp, out_dir)
     except BaseException:
+        for here, back in moved:  # renames within one directory tree: they cannot fail for want of space
+            os.replace(here, back)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(staging, ignore_errors=True)

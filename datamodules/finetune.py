@@ -5,13 +5,14 @@ their columns "0", "1", ... by position), CSV (``.csv``: comma-separated, RFC 41
 object per line). A task names its text column(s)
 and its label column (``GLUE_TASKS`` holds the GLUE defaults; any of them can be overridden).
 
-Encoding follows BERT: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with ``token_type_ids`` 0 for the first
+Texts are encoded by ``TextEncoder`` (a text spelling ``[SEP]`` or ``</s>`` stays that text); encoding follows BERT: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with ``token_type_ids`` 0 for the first
 segment and 1 for the second, truncated longest-first to ``max_length`` (what ``transformers`` tokenizers do
 with ``truncation=True``). The template is a ``tokenizers`` ``TemplateProcessing`` string (``$A``, ``$B``,
 special tokens by name, ``:1`` sets the type id); by default ``{cls} $A {sep}`` / ``{cls} $A {sep} $B:1
 {sep}:1`` with the tokenizer's cls/sep tokens (roles of ``pretrain.datamodules.special_tokens``). Batches are padded
 to their longest row: ``input_ids``, ``attention_mask``, ``token_type_ids`` ``(B, T)`` and ``labels``
-``(B,)`` (class ids as int64, or float32 scores for regression).
+``(B,)`` (class ids as int64, or float32 scores for regression); or, ``unpadded``, packed into rows without
+padding (``PackedCollate``, ``pretrain.datamodules.unpadded``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from pretrain.datamodules.special_tokens import special_token_id
+from pretrain.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def task_format(task: str) -> TaskFormat:
     """GLUE defaults for ``task`` ("SST-2", "sst2", "STS-B", ... are all accepted)."""
     key = task.lower().replace("-", "").replace("_", "")
     if key not in GLUE_TASKS:
-        raise ValueError(
+        raise InputError(
             f"unknown task {task!r}; known: {sorted(GLUE_TASKS)} (or give text_columns/label_column)"
         )
     return GLUE_TASKS[key]
@@ -77,7 +79,7 @@ def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as err:
-                        raise ValueError(f"{path} line {line_no}: not valid JSON ({err})") from err
+                        raise InputError(f"{path} line {line_no}: not valid JSON ({err})") from err
         columns = list(dict.fromkeys(key for row in rows for key in row))
         return columns, rows
     comma = path.suffix == ".csv"  # RFC 4180 quoting; GLUE's .tsv files quote nothing
@@ -89,7 +91,7 @@ def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
     columns = lines[0] if header else [str(i) for i in range(len(lines[0]))]
     for line_no, line in enumerate(lines[1:] if header else lines, 2 if header else 1):
         if len(line) != len(columns):
-            raise ValueError(
+            raise InputError(
                 f"{path} line {line_no}: {len(line)} {'comma' if comma else 'tab'}-separated fields, expected "
                 f"{len(columns)}"
             )
@@ -111,11 +113,11 @@ def _template(tokenizer: Tokenizer, pair: bool, template: str | None, overrides:
         template = f"{cls} $A {sep} $B:1 {sep}:1" if pair else f"{cls} $A {sep}"
     pieces = [p.rsplit(":", 1)[0] if p.rsplit(":", 1)[-1].isdigit() else p for p in template.split()]
     if sorted(p for p in pieces if p.startswith("$")) != (["$A", "$B"] if pair else ["$A"]):
-        raise ValueError(f"template {template!r} must contain {'$A and $B' if pair else '$A'} exactly once")
+        raise InputError(f"template {template!r} must contain {'$A and $B' if pair else '$A'} exactly once")
     specials = []
     for token in dict.fromkeys(p for p in pieces if not p.startswith("$")):
         if tokenizer.token_to_id(token) is None:
-            raise ValueError(
+            raise InputError(
                 f"template token {token!r} is not in the tokenizer; fix the template or the tokenizer"
             )
         specials.append((token, tokenizer.token_to_id(token)))
@@ -254,7 +256,7 @@ class ShardedExamplesDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         if int(state_dict["seed"]) != self.seed:
-            raise ValueError(
+            raise InputError(
                 f"the data state was saved with seed={state_dict['seed']} but this run has seed={self.seed}; "
                 f"resume with seed={state_dict['seed']} to continue the same example order"
             )
@@ -283,6 +285,37 @@ class PaddingCollate:
         return batch
 
 
+class PackedCollate:
+    """``(input_ids, token_type_ids, label)`` examples packed into rows without padding
+    (``pretrain.datamodules.unpadded``): ``input_ids``, ``attention_mask``, ``token_type_ids``, ``document_ids``,
+    ``position_ids``, ``example_ids`` (R, C); ``example_first`` / ``example_last`` (B,) flat indices of each
+    example's first and last token; ``labels`` (B,) in the examples' order."""
+
+    def __init__(self, pad_id: int, regression: bool):
+        self.pad_id, self.regression = pad_id, regression
+
+    def __call__(self, examples: list[tuple[list[int], list[int], float | int]]) -> dict[str, Tensor]:
+        from pretrain.datamodules.unpadded import first_and_last, first_fit, pack
+
+        ids = [e[0] for e in examples]
+        width = max(map(len, ids))
+        rows = first_fit([[len(x)] for x in ids], [width])
+        packed = pack(ids, rows, width, self.pad_id)
+        first, last = first_and_last(packed["example_ids"], len(examples))
+        dtype = torch.float32 if self.regression else torch.long
+        return {
+            "input_ids": packed["tokens"],
+            "attention_mask": (packed["document_ids"] >= 0).long(),
+            "token_type_ids": pack([e[1] for e in examples], rows, width, 0)["tokens"],
+            "document_ids": packed["document_ids"],
+            "position_ids": packed["position_ids"],
+            "example_ids": packed["example_ids"],
+            "example_first": first,
+            "example_last": last,
+            "labels": torch.tensor([label for _, _, label in examples], dtype=dtype),
+        }
+
+
 class FinetuneDataModule(ShardedExamplesDataModule):
     """Sentence(-pair) classification / regression batches from TSV or JSONL files.
 
@@ -293,7 +326,9 @@ class FinetuneDataModule(ShardedExamplesDataModule):
             ``regression`` and ``header`` override them (and are required without a task).
         template: a ``TemplateProcessing`` string (see the module docstring); ``special_tokens`` maps roles
             (cls, sep, pad) to token strings for tokenizers with other names (e.g. BERT's "[CLS]").
-        max_length: longest encoded example (truncated longest-first); micro_batch_size: rows per batch.
+        max_length: longest encoded example (truncated longest-first); micro_batch_size: examples per batch.
+        unpadded: pack each batch's examples into rows without padding (``PackedCollate``) instead of padding
+            them to the longest.
     """
 
     def __init__(
@@ -313,10 +348,12 @@ class FinetuneDataModule(ShardedExamplesDataModule):
         micro_batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        unpadded: bool = False,
     ):
         super().__init__()
+        self.unpadded = unpadded
         if task is None and (text_columns is None or label_column is None):
-            raise ValueError(
+            raise InputError(
                 f"give task= (one of {sorted(GLUE_TASKS)}) or both text_columns and label_column"
             )
         fmt = task_format(task) if task is not None else TaskFormat(tuple(text_columns), label_column)
@@ -324,7 +361,7 @@ class FinetuneDataModule(ShardedExamplesDataModule):
         overrides |= {"regression": regression, "header": header}
         self.format = replace(fmt, **{k: v for k, v in overrides.items() if v is not None})
         if len(self.format.text_columns) not in (1, 2):
-            raise ValueError(f"text_columns must name 1 or 2 columns, got {self.format.text_columns}")
+            raise InputError(f"text_columns must name 1 or 2 columns, got {self.format.text_columns}")
         self.files = {"train": Path(train_file)} | ({"val": Path(val_file)} if val_file is not None else {})
         for path in self.files.values():
             if not path.is_file():
@@ -332,16 +369,17 @@ class FinetuneDataModule(ShardedExamplesDataModule):
         for name, value in [("max_length", max_length), ("micro_batch_size", micro_batch_size)]:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if isinstance(tokenizer, (str, os.PathLike)):
-            from pretrain.datamodules.tokenizer import load_tokenizer
+        from pretrain.datamodules.tokenizer import TextEncoder, load_tokenizer
 
+        if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = load_tokenizer(tokenizer)
         pair = len(self.format.text_columns) == 2
-        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: we set its template and truncation
+        self.encoder = TextEncoder(tokenizer)  # special-token strings in the texts stay text
+        self.tokenizer = self.encoder.tokenizer  # its own copy: we set its template and truncation
         self.tokenizer.post_processor = _template(self.tokenizer, pair, template, special_tokens)
         added = self.tokenizer.post_processor.num_special_tokens_to_add(pair)
         if max_length <= added:
-            raise ValueError(
+            raise InputError(
                 f"max_length={max_length} leaves no room for text: the template adds {added} special tokens "
                 f"per example; raise max_length above {added}"
             )
@@ -367,15 +405,15 @@ class FinetuneDataModule(ShardedExamplesDataModule):
         path, fmt = self.files[split], self.format
         columns, rows = read_table(path, fmt.header)
         if not columns:
-            raise ValueError(f"{path} is empty; give a file with a header row and one example per line")
+            raise InputError(f"{path} is empty; give a file with a header row and one example per line")
         missing = [c for c in (*fmt.text_columns, fmt.label_column) if c not in columns]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"{path}: missing column(s) {missing}; available columns: {columns}; set text_columns / "
                 f"label_column (or header=False for a file without a header row)"
             )
         if not rows:
-            raise ValueError(f"{path} has no examples")
+            raise InputError(f"{path} has no examples")
         texts = [tuple(str(row[c]) for c in fmt.text_columns) for row in rows]
         return [t[0] if len(t) == 1 else t for t in texts], [row[fmt.label_column] for row in rows]
 
@@ -385,19 +423,19 @@ class FinetuneDataModule(ShardedExamplesDataModule):
             try:
                 return [float(x) for x in labels]
             except ValueError as err:
-                raise ValueError(f"{path}: regression labels must be numbers ({err})") from err
+                raise InputError(f"{path}: regression labels must be numbers ({err})") from err
         labels = [str(x) for x in labels]
         if self.label_names is None:
             self.label_names = _label_order(set(labels))
             if len(self.label_names) < 2:
-                raise ValueError(
+                raise InputError(
                     f"{path}: every example has label {self.label_names[0]!r}; a classifier needs two or more "
                     f"classes (check the file and label_column, or set regression=true for a numeric target)"
                 )
         index = {name: i for i, name in enumerate(self.label_names)}
         unseen = sorted(set(labels) - index.keys())
         if unseen:
-            raise ValueError(
+            raise InputError(
                 f"{path}: label(s) {unseen} do not occur in the training file {self.files['train']} "
                 f"(its labels: {self.label_names}); fix the file or the label_column"
             )
@@ -409,7 +447,7 @@ class FinetuneDataModule(ShardedExamplesDataModule):
             if split not in self.examples:
                 texts, labels = self._read(split)
                 label_ids = self._label_ids(split, labels)
-                encodings = self.tokenizer.encode_batch(texts)
+                encodings = self.encoder.encodings(texts)
                 self.examples[split] = [
                     (e.ids, e.type_ids, y) for e, y in zip(encodings, label_ids, strict=True)
                 ]
@@ -417,8 +455,8 @@ class FinetuneDataModule(ShardedExamplesDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.examples:
             self.setup("fit")
-        collate = PaddingCollate(self.pad_id, self.format.regression)
-        return self.sharded_loader(self.examples[split], shuffle, collate)
+        kind = PackedCollate if self.unpadded else PaddingCollate
+        return self.sharded_loader(self.examples[split], shuffle, kind(self.pad_id, self.format.regression))
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled by ``seed`` and sharded over the data-parallel ranks (see ``ShardedExamplesDataModule``)."""

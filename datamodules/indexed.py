@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.errors import InputError
+
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 DTYPE_CODES: dict[int, type[np.integer]] = {
@@ -149,14 +151,14 @@ class IndexedDataset:
         with open(self.idx_path, "rb") as f:
             head = f.read(_HEADER.size)
         if len(head) < _HEADER.size or head[:9] != INDEX_MAGIC:
-            raise ValueError(f"{self.idx_path} is not a Megatron MMIDIDX index (bad magic); re-run prepare")
+            raise InputError(f"{self.idx_path} is not a Megatron MMIDIDX index (bad magic); re-run prepare")
         _, version, code, n, n_docs = _HEADER.unpack(head)
         if version != INDEX_VERSION or code not in DTYPE_CODES:
-            raise ValueError(f"{self.idx_path}: unsupported version {version} or dtype code {code}")
+            raise InputError(f"{self.idx_path}: unsupported version {version} or dtype code {code}")
         self.dtype = np.dtype(DTYPE_CODES[code])
         expected = _HEADER.size + n * 4 + n * 8 + n_docs * 8
         if self.idx_path.stat().st_size < expected:
-            raise ValueError(
+            raise InputError(
                 f"{self.idx_path} is truncated ({self.idx_path.stat().st_size} < {expected} bytes)"
             )
         index = np.memmap(self.idx_path, dtype=np.uint8, mode="r")
@@ -166,12 +168,12 @@ class IndexedDataset:
         self.document_indices = np.frombuffer(index, dtype=np.int64, count=n_docs, offset=off + 12 * n)
         size = self.bin_path.stat().st_size
         if size % self.dtype.itemsize:
-            raise ValueError(f"{self.bin_path} size {size} is not a multiple of {self.dtype} itemsize")
+            raise InputError(f"{self.bin_path} size {size} is not a multiple of {self.dtype} itemsize")
         self.tokens = (
             np.memmap(self.bin_path, dtype=self.dtype, mode="r") if size else np.empty(0, dtype=self.dtype)
         )
         if n and int(self.pointers[-1]) // self.dtype.itemsize + int(self.lengths[-1]) != len(self.tokens):
-            raise ValueError(
+            raise InputError(
                 f"{self.bin_path} does not match {self.idx_path} (token count differs); re-run prepare"
             )
 

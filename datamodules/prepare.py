@@ -1,6 +1,7 @@
 """Corpus preparation: raw text -> token shards (``train``/``val`` in Megatron ``.bin/.idx`` layout).
 
-``prepare`` streams documents (``pretrain.datamodules.corpus``), tokenizes them in batches with ``encode_batch``,
+``prepare`` streams documents (``pretrain.datamodules.corpus``), tokenizes them in batches with ``TextEncoder``
+(special-token strings in a document are encoded as text, so a document never holds a control id of its own),
 appends EOS to each document and appends the tokens to the split's ``.bin`` as it goes, so peak memory is a
 few batches whatever the corpus size. A document longer than ``piece_chars`` characters is encoded in pieces
 cut at single spaces between non-space characters, where the byte-level BPE's pre-tokenizer splits anyway,
@@ -21,7 +22,8 @@ order; a dropped document keeps its position, so the others' split does not chan
 
 The output directory holds ``train.bin/.idx``, ``val.bin/.idx``, ``tokenizer.json`` (a copy) and
 ``meta.json`` (dtype, vocab size, EOS, counts, cache key). The cache key hashes the input contents, the
-tokenizer JSON and the settings: an unchanged run returns the existing directory at once, a changed input
+tokenizer JSON, the settings and the format version (``FORMAT_CHANGES``: a corpus written before a change of
+what the bytes mean, such as special-token text becoming text in format 3, is stale): an unchanged run returns the existing directory at once, a changed input
 rebuilds it (with a warning); ``stale_reason`` tells ``fit`` the same. A file's recorded hash is reused
 while its size and modification time are unchanged. Builds happen in a temporary sibling directory that
 replaces ``out_dir`` only when complete (under a lock, so two runs cannot write one directory); on error the
@@ -57,15 +59,23 @@ from pretrain.datamodules.corpus import (
     iter_documents,
     resolve_sources,
 )
+from pretrain.datamodules.dataset import DocumentStarts
 from pretrain.datamodules.hashing import splitmix64
 from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 from pretrain.datamodules.storage import atomic_write_text, exclusive, naming, replace_path
-from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
+from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos, text_encoder
+from pretrain.errors import InputError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-FORMAT_VERSION = 2  # 2: the validation split is keyed by (file, document in file)
+FORMAT_VERSION = 4  # what the newest format changed: FORMAT_CHANGES
+FORMAT_CHANGES = {  # version -> what a corpus of an older version lacks
+    2: "its validation split was keyed otherwise",
+    3: "special-token strings in its documents (</s>, <mask>, <|endoftext|>...) were written as control ids; "
+    "they are now encoded as the text they are",
+    4: "its meta.json does not record that its index holds the document lengths (data.document_mask reads them)",
+}
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
 DEDUP_MODES = ("none", "exact")
@@ -169,24 +179,25 @@ class Encoder:
         self.tokenizer, self.piece_chars = tokenizer, piece_chars
         self.call_chars, self.pieces_per_call = call_chars, max(1, call_chars // piece_chars)
         self.pieces_ok = _splits_like_gpt2(tokenizer)
-        # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which we do not need
-        self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        self._encode = text_encoder(tokenizer)  # special-token strings in documents stay text
 
     def __call__(self, texts: list[str]) -> list[list[int] | np.ndarray]:
         long = [i for i, t in enumerate(texts) if len(t) > self.piece_chars] if self.pieces_ok else []
         if not long:
-            return [e.ids for e in self._encode(texts, add_special_tokens=False)]
+            return list(self._encode(texts))
         out: list = [None] * len(texts)
         is_long = set(long)
         short = [i for i in range(len(texts)) if i not in is_long]
-        for i, e in zip(short, self._encode([texts[i] for i in short], add_special_tokens=False)):
-            out[i] = e.ids
+        for i, ids in zip(short, self._encode([texts[i] for i in short])):
+            out[i] = ids
         for i in long:
             pieces = split_pieces(texts[i], self.piece_chars)
             parts = []
             for lo in range(0, len(pieces), self.pieces_per_call):
-                encodings = self._encode(pieces[lo : lo + self.pieces_per_call], add_special_tokens=False)
-                parts += [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+                parts += [
+                    np.asarray(ids, dtype=np.int64)
+                    for ids in self._encode(pieces[lo : lo + self.pieces_per_call])
+                ]
             out[i] = np.concatenate(parts)
         return out
 
@@ -254,6 +265,12 @@ def _packed_in_processes(
             yield pending.popleft().get()
 
 
+def format_change(version: int | None) -> str:
+    """Why a corpus of format ``version`` is stale: what the newer formats changed."""
+    why = "; ".join(FORMAT_CHANGES[v] for v in sorted(FORMAT_CHANGES) if v > (version or 0))
+    return f"it has format version {version}, this version writes {FORMAT_VERSION} ({why})"
+
+
 def read_meta(prepared_dir: str | os.PathLike) -> dict:
     """The ``meta.json`` of a prepared directory (``FileNotFoundError`` if it is not one)."""
     path = Path(prepared_dir) / META_FILE
@@ -275,6 +292,11 @@ def split_prefixes(prepared_dir: str | os.PathLike, split: str) -> list[Path]:
 def shard_tokens(prepared_dir: str | os.PathLike, split: str) -> list[np.ndarray]:
     """The (memory-mapped) token arrays of ``split``'s shards (``split_prefixes``), in stream order."""
     return [IndexedDataset(p).tokens for p in split_prefixes(prepared_dir, split)]
+
+
+def shard_documents(prepared_dir: str | os.PathLike, split: str) -> list[DocumentStarts]:
+    """Where the documents of ``split``'s shards start (``DocumentStarts`` over each shard's index)."""
+    return [DocumentStarts(p) for p in split_prefixes(prepared_dir, split)]
 
 
 def _complete(directory: Path, meta: dict) -> bool:
@@ -346,7 +368,7 @@ class Plan:
         if old.get("tokenizer_sha256") != self.tokenizer_hash:
             return "the tokenizer differs"
         if old.get("format_version") != FORMAT_VERSION:
-            return f"it has format version {old.get('format_version')}, this version writes {FORMAT_VERSION}"
+            return format_change(old.get("format_version"))
         return f"the settings differ ({old.get('settings')} -> {self.settings})"
 
 
@@ -393,7 +415,7 @@ def plan(
     sources = resolve_sources(inputs, split)
     local = [s for s in sources if s.kind != "hf_hub"]
     if local and len(local) == len(sources) and all(s.size == 0 for s in local):
-        raise ValueError(
+        raise InputError(
             f"the corpus is empty: every input is an empty file ({[s.location for s in sources]})"
         )
     recorded = {i["location"]: i for i in (previous or {}).get("inputs", [])}
@@ -535,6 +557,7 @@ def corpus_meta(plan_: Plan, splits: dict, stats: CorpusStats, duplicates: int, 
     return {
         "format": "megatron-mmidx",
         "format_version": FORMAT_VERSION,
+        "document_lengths": "index",  # the .idx sequences are the documents (EOS included): data.document_mask
         "dtype": np.dtype(plan_.dtype).name,
         "vocab_size": plan_.tokenizer.get_vocab_size(with_added_tokens=True),
         "eos_token": plan_.eos,
@@ -557,7 +580,7 @@ def corpus_meta(plan_: Plan, splits: dict, stats: CorpusStats, duplicates: int, 
 def build_notes(plan_: Plan, splits: dict, stats: CorpusStats) -> list[str]:
     """The warnings of a finished build; ``ValueError`` when it holds no document at all."""
     if stats.documents == 0:
-        raise ValueError(
+        raise InputError(
             f"the corpus is empty: no non-blank documents in {[s.location for s in plan_.sources]} "
             f"({stats.skipped_empty} blank documents, {stats.null_texts} null texts skipped); check the inputs, "
             f"text_field and document mode"
@@ -578,7 +601,7 @@ def reuse_or_clear(out_dir: Path, plan_: Plan, force: bool) -> dict | None:
         if out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()
             return None
-        raise ValueError(f"{out_dir} exists and is not a prepared corpus; choose another out_dir")
+        raise InputError(f"{out_dir} exists and is not a prepared corpus; choose another out_dir")
     old = read_meta(out_dir)
     complete = _complete(out_dir, old)
     reason = plan_.stale_reason(old)

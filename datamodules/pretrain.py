@@ -47,7 +47,10 @@ from pretrain.datamodules.dataset import (
     global_batch_size,
 )
 from pretrain.datamodules.hashing import splitmix64
-from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend
+from pretrain.datamodules.schedule import MixtureSchedule, ScheduledBlend, SwitchedSchedule
+from pretrain.errors import InputError
+from pretrain.parallel.context import SequenceShard
+from pretrain.parallel.mesh import context_parallel_position, data_parallel_position
 
 TRAIN, VAL = "train", "val"
 _STREAM_ID = {TRAIN: 0, VAL: 1}
@@ -58,7 +61,9 @@ class Objective(Protocol):
 
     def raw_length(self, input_length: int) -> int: ...
 
-    def __call__(self, tokens: Tensor, generators: Sequence[torch.Generator]) -> dict[str, Tensor]: ...
+    def __call__(
+        self, tokens: Tensor, generators: Sequence[torch.Generator], document_ids: Tensor | None = None
+    ) -> dict[str, Tensor]: ...
 
 
 def sample_seeds(seed: int, stream: int, epochs: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -69,18 +74,41 @@ def sample_seeds(seed: int, stream: int, epochs: np.ndarray, positions: np.ndarr
     return h
 
 
-class ObjectiveCollate:
-    """``list[Sample]`` -> the objective's batch dict; row b uses its own generator (see ``sample_seeds``)."""
+def check_document_lengths(data_dirs: Sequence[Path]) -> None:
+    """``InputError`` unless every prepared directory records that its index holds the document lengths."""
+    for path in data_dirs:
+        meta_path = path / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if meta.get("document_lengths") != "index":
+            raise InputError(
+                f"data.document_mask needs each corpus's document lengths, but {path} records none (prepared by an "
+                "older version or another tool); rerun `pretrain prepare`, or set data.document_mask=false"
+            )
 
-    def __init__(self, objective: Objective, seed: int, epoch_size: int, split: str):
+
+class ObjectiveCollate:
+    """``list[Sample]`` -> the objective's batch dict; row b uses its own generator (see ``sample_seeds``). Under
+    context parallelism ``shard`` then cuts the whole batch to this rank's positions of every sequence (the
+    objective sees whole sequences: its masking and targets are the one-process ones)."""
+
+    def __init__(
+        self, objective: Objective, seed: int, epoch_size: int, split: str, shard: SequenceShard | None = None
+    ):
         self.objective, self.seed, self.epoch_size = objective, seed, epoch_size
         self.stream = _STREAM_ID[split]
+        self.shard = shard
 
     def __call__(self, samples: list[Sample]) -> dict[str, Tensor]:
         tokens = torch.from_numpy(np.stack([s.tokens for s in samples]))  # (B, L) int64
         epochs, positions = np.divmod([s.index for s in samples], self.epoch_size)
         seeds = sample_seeds(self.seed, self.stream, epochs, positions)
-        return self.objective(tokens, [torch.Generator().manual_seed(int(seed)) for seed in seeds])
+        generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+        if samples[0].document_ids is None:
+            batch = self.objective(tokens, generators)
+        else:
+            documents = torch.from_numpy(np.stack([s.document_ids for s in samples]))  # (B, L) int64
+            batch = self.objective(tokens, generators, documents)
+        return batch if self.shard is None else self.shard(batch)
 
 
 class ReceivedPositionLoader(DataLoader):
@@ -116,8 +144,12 @@ class PretrainDataModule(L.LightningDataModule):
         tokenizer: optional ``tokenizers.Tokenizer`` or path; each dir's ``meta.json`` must record it
             (same vocab size and, when recorded, the same tokenizer.json hash), else ValueError.
         schedule: a ``MixtureSchedule`` over the directories (in order): the training mix then changes with the
-            optimizer step (``pretrain.datamodules.schedule``) and ``weights`` only blend validation.
+            optimizer step (``pretrain.datamodules.schedule``) and ``weights`` only blend validation. The state
+            holds the schedules in force so far: resumed with another one, the steps before the checkpoint keep
+            theirs (``SwitchedSchedule``).
         names: the sources' names, for ``tokens_per_source`` (default: the directory names).
+        document_mask: samples carry their tokens' document ids (from each corpus's document lengths) and the
+            objective keeps every document to itself (``pretrain.objectives.base``; ``docs/data.md``).
     """
 
     accumulate_grad_batches = (
@@ -141,6 +173,7 @@ class PretrainDataModule(L.LightningDataModule):
         tokenizer: Tokenizer | str | os.PathLike | None = None,
         schedule: MixtureSchedule | None = None,
         names: Sequence[str] | None = None,
+        document_mask: bool = False,
     ):
         super().__init__()
         self.data_dirs = (
@@ -178,6 +211,16 @@ class PretrainDataModule(L.LightningDataModule):
                 f"the schedule weighs {schedule.num_sources} sources but there are {len(self.data_dirs)}"
             )
         self.schedule = schedule
+        self.document_mask = document_mask
+        if document_mask:
+            if not getattr(objective, "document_mask", False):
+                raise InputError(
+                    f"objective {getattr(objective, 'name', type(objective).__name__)!r} cannot keep packed documents "
+                    "apart (data.document_mask); set data.document_mask=false"
+                )
+            check_document_lengths(self.data_dirs)
+        # (first step, schedule) of each schedule in force so far: more than one after a resume that changed it
+        self.schedules: list[tuple[int, MixtureSchedule]] = [] if schedule is None else [(0, schedule)]
         self.names = list(names) if names is not None else [d.name for d in self.data_dirs]
         self._rank, self._world_size = rank, world_size
         if tokenizer is not None:
@@ -203,20 +246,33 @@ class PretrainDataModule(L.LightningDataModule):
                 )
             meta = json.loads((path / "meta.json").read_text())
             if meta.get("vocab_size") != vocab_size or meta.get("tokenizer_sha256", sha256) != sha256:
-                raise ValueError(
+                raise InputError(
                     f"{path} was prepared with another tokenizer (vocab size {meta.get('vocab_size')}, this "
                     f"one has {vocab_size}); re-run `pretrain prepare` with this tokenizer or use the "
                     f"matching one"
                 )
 
     # --- data-parallel layout -------------------------------------------------------------------------
+    def _position(self) -> tuple[int, int]:
+        """(data-parallel rank, data-parallel size): the trainer's strategy's (a tensor-parallel group's ranks
+        read the same batches), or the constructor's without a trainer."""
+        if self.trainer is None:
+            return self._rank, self._world_size
+        return data_parallel_position(self.trainer)
+
     @property
     def rank(self) -> int:
-        return self.trainer.global_rank if self.trainer is not None else self._rank
+        return self._position()[0]
+
+    @property
+    def sequence_shard(self) -> SequenceShard | None:
+        """This rank's cut of every batch under context parallelism (the trainer's strategy's), else None."""
+        rank, size = context_parallel_position(self.trainer) if self.trainer is not None else (0, 1)
+        return SequenceShard(rank, size) if size > 1 else None
 
     @property
     def world_size(self) -> int:
-        return self.trainer.world_size if self.trainer is not None else self._world_size
+        return self._position()[1]
 
     @property
     def global_batch_size(self) -> int:
@@ -230,10 +286,15 @@ class PretrainDataModule(L.LightningDataModule):
     # --- datasets -------------------------------------------------------------------------------------
     def _corpora(self, split: str) -> list[PackedDataset]:
         """One packed corpus per directory; a directory prepared in tasks is its shards' concatenation."""
-        from pretrain.datamodules.prepare import shard_tokens
+        from pretrain.datamodules.prepare import shard_documents, shard_tokens
 
         return [
-            PackedDataset(shard_tokens(d, split), self.sample_length, name=str(d / split))
+            PackedDataset(
+                shard_tokens(d, split),
+                self.sample_length,
+                name=str(d / split),
+                documents=shard_documents(d, split) if self.document_mask else None,
+            )
             for d in self.data_dirs
         ]
 
@@ -243,7 +304,7 @@ class PretrainDataModule(L.LightningDataModule):
             if self.schedule is not None:
                 self.train_set = ScheduledBlend(
                     self._corpora(TRAIN),
-                    self.schedule,
+                    SwitchedSchedule(self.schedules) if len(self.schedules) > 1 else self.schedule,
                     self.global_batch_size * self.accumulate_grad_batches,
                     seed=self.seed,
                     epoch_size=self.samples_per_epoch,
@@ -256,9 +317,9 @@ class PretrainDataModule(L.LightningDataModule):
         if stage in (None, "fit", "validate") and self.val_set is None and self.val_batches != 0:
             try:
                 val = self._corpora(VAL)
-            except ValueError as err:
-                raise ValueError(
-                    f"{err} (or set val_batches=0 -- trainer.limit_val_batches=0 in a recipe -- to train without validation)"
+            except InputError as err:
+                raise InputError(
+                    f"{err} (or set trainer.limit_val_batches=0 to train without validation)"
                 ) from err
             size = sum(map(len, val))
             if self.val_batches is not None:
@@ -281,7 +342,9 @@ class PretrainDataModule(L.LightningDataModule):
             sampler=sampler,
             drop_last=True,
             num_workers=self.num_workers,
-            collate_fn=ObjectiveCollate(self.objective, self.seed, dataset.epoch_size, split),
+            collate_fn=ObjectiveCollate(
+                self.objective, self.seed, dataset.epoch_size, split, self.sequence_shard
+            ),
             pin_memory=torch.cuda.is_available(),
             **({} if position is None else {"position": position}),
         )
@@ -329,16 +392,23 @@ class PretrainDataModule(L.LightningDataModule):
             self.advance()
         return batch
 
-    def state_dict(self) -> dict[str, int]:
-        """``seed``, ``epoch``, ``consumed_samples`` (global, received by the loop), ``epoch_size``."""
-        state = {"seed": self.seed, "epoch": self.epoch, "consumed_samples": self.consumed_samples}
+    def state_dict(self) -> dict[str, Any]:
+        """``seed``, ``epoch``, ``consumed_samples`` (global, received by the loop), ``epoch_size``; with a mixture
+        schedule, ``schedules``: each one in force so far, from its first step on."""
+        state: dict[str, Any] = {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "consumed_samples": self.consumed_samples,
+        }
         if self.train_set is not None:
             state["epoch_size"] = self.train_set.epoch_size
+        if self.schedules:
+            state["schedules"] = [{"first_step": first, **s.spec()} for first, s in self.schedules]
         return state
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         if int(state_dict["seed"]) != self.seed:
-            raise ValueError(
+            raise InputError(
                 f"the data state was saved with seed={state_dict['seed']} but this datamodule has "
                 f"seed={self.seed}; "
                 f"resume with seed={state_dict['seed']} to continue the same sample order"
@@ -346,11 +416,26 @@ class PretrainDataModule(L.LightningDataModule):
         self.epoch, self.consumed_samples = int(state_dict["epoch"]), int(state_dict["consumed_samples"])
         self._loaded_epoch_size = state_dict.get("epoch_size")
         self._check_loaded_state()
+        if self.schedule is not None and state_dict.get("schedules"):
+            self._continue_schedules(state_dict["schedules"])
+
+    def _continue_schedules(self, saved: list[dict[str, Any]]) -> None:
+        """The checkpoint's schedules, then this one from the checkpoint's step on if it differs (the run's
+        set-up refused that unless ``resume_allow=[data_schedule]``)."""
+        assert self.schedule is not None
+        schedules = [(int(s.pop("first_step")), MixtureSchedule(**s)) for s in map(dict, saved)]
+        if schedules[-1][1].spec() != self.schedule.spec():
+            train = self._train()
+            step = (self.epoch * train.epoch_size + self.consumed_samples) // train.samples_per_step
+            schedules = [(first, s) for first, s in schedules if first < step] + [(step, self.schedule)]
+        self.schedules = schedules
+        self.train_set = None  # rebuilt over them
+        self._train()
 
     def _check_loaded_state(self) -> None:
         """The loaded position is meaningless on other data: the epoch size must match."""
         if self.train_set is not None and self._loaded_epoch_size not in (None, self.train_set.epoch_size):
-            raise ValueError(
+            raise InputError(
                 f"the loaded data state has {self._loaded_epoch_size} samples per epoch but these data give "
                 f"{self.train_set.epoch_size}; resume with the same data_dirs, seq_len, objective and "
                 f"samples_per_epoch as the run that saved it"

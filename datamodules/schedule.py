@@ -11,15 +11,22 @@ carried error; a source of weight 0 at step s gets nothing at s). The positions 
 seeded by ``(seed, s)``, of those counts, and source d's k-th draw overall is sample ``perm(d, k // N_d)[k % N_d]``
 as in ``BlendedDataset``. So sample ``g`` is a pure function of ``(seed, g)``: a run resumed at any step, across
 a phase boundary too, reads what an uninterrupted one reads.
+
+A run resumed with another schedule (``resume_allow=[data_schedule]``) follows ``SwitchedSchedule``: the
+checkpoint's schedule for the steps before the resume, the new one from there on. Its carry continues, so the
+samples of the earlier steps are those the earlier schedule drew and each source's draws go on where they stood
+(none read twice or skipped).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
 
-from pretrain.datamodules.dataset import BlendedDataset, PackedDataset, Sample
+from pretrain.datamodules.dataset import BlendedDataset, PackedDataset
+from pretrain.errors import InputError
 
 INTERPOLATIONS = ("constant", "linear")
 _CHUNK = 4096  # steps of the cumulative table computed at a time
@@ -62,9 +69,49 @@ class MixtureSchedule:
             w = (1 - t) * w + t * self.weights[nxt]
         return w
 
+    def spec(self) -> dict:
+        """The schedule as plain data (``MixtureSchedule(**spec)`` rebuilds it)."""
+        return {
+            "starts": self.starts.tolist(),
+            "weights": self.weights.tolist(),
+            "interpolation": self.interpolation,
+        }
+
+
+class SwitchedSchedule:
+    """``segments``: ``(first step, MixtureSchedule)`` in step order from 0 -- the weights at step s are those of
+    the last segment starting at or before s, evaluated at s."""
+
+    def __init__(self, segments: Sequence[tuple[int, MixtureSchedule]]):
+        firsts = [first for first, _ in segments]
+        if not segments or firsts[0] != 0 or any(b <= a for a, b in itertools.pairwise(firsts)):
+            raise ValueError(f"segments must start at step 0 and increase strictly, got {firsts}")
+        if len({s.num_sources for _, s in segments}) != 1:
+            raise ValueError("every segment must weigh the same sources")
+        self.firsts = np.asarray(firsts, dtype=np.int64)
+        self.schedules = [s for _, s in segments]
+
+    @property
+    def num_sources(self) -> int:
+        return self.schedules[0].num_sources
+
+    def weights_at(self, steps: np.ndarray) -> np.ndarray:
+        steps = np.asarray(steps, dtype=np.int64)
+        which = np.searchsorted(self.firsts, steps, side="right") - 1
+        out = np.empty((len(steps), self.num_sources))
+        for k, schedule in enumerate(self.schedules):
+            mask = which == k
+            if mask.any():
+                out[mask] = schedule.weights_at(steps[mask])
+        return out
+
 
 def step_counts(
-    schedule: MixtureSchedule, samples_per_step: int, first: int, count: int, state: tuple | None = None
+    schedule: MixtureSchedule | SwitchedSchedule,
+    samples_per_step: int,
+    first: int,
+    count: int,
+    state: tuple | None = None,
 ):
     """Per-step source counts ``n (count, D)`` of steps ``first .. first+count-1``, and the carry ``(C, T)`` after
     them; ``state`` is the carry at step ``first`` (zeros at step 0). See the module docstring."""
@@ -96,12 +143,12 @@ def step_counts(
 
 class ScheduledBlend(BlendedDataset):
     """The training stream of ``datasets`` mixed by ``schedule`` (module docstring); ``ds[g]`` is
-    ``Sample(g, tokens)``. ``epoch_size`` (default: all samples) is rounded down to whole steps."""
+    ``Sample(g, tokens, document_ids)``. ``epoch_size`` (default: all samples) is rounded down to whole steps."""
 
     def __init__(
         self,
         datasets: Sequence[PackedDataset],
-        schedule: MixtureSchedule,
+        schedule: MixtureSchedule | SwitchedSchedule,
         samples_per_step: int,
         *,
         seed: int = 0,
@@ -118,7 +165,7 @@ class ScheduledBlend(BlendedDataset):
         size = sum(map(len, self.datasets)) if epoch_size is None else epoch_size
         self.epoch_size = size // samples_per_step * samples_per_step
         if self.epoch_size < 1:
-            raise ValueError(
+            raise InputError(
                 f"{size} samples per epoch are fewer than one optimizer step of {samples_per_step} samples; add "
                 "data, lower seq_len, micro_batch_size or accumulate_grad_batches"
             )
@@ -163,7 +210,3 @@ class ScheduledBlend(BlendedDataset):
         step, slot = divmod(end, self.samples_per_step)
         source, _ = self._slots(step)
         return self.cumulative(step) + np.bincount(source[:slot], minlength=len(self.datasets))
-
-    def __getitem__(self, index: int) -> Sample:
-        d, i = self.locate(index)
-        return Sample(index, self.datasets[d][i])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pretrain.errors import InputError
+
 DEFAULT_SPECIAL_TOKENS: dict[str, str] = {
     "pad": "<pad>",
     "bos": "<s>",
@@ -48,11 +50,11 @@ def special_token_id(tokenizer: TokenLookup, role: str, overrides: dict[str, str
     """Id of the token playing ``role``; a ``ValueError`` names the role and token when it is missing."""
     table = {**DEFAULT_SPECIAL_TOKENS, **(overrides or {})}
     if role not in table:
-        raise ValueError(f"unknown special-token role {role!r}; valid roles: {sorted(table)}")
+        raise InputError(f"unknown special-token role {role!r}; valid roles: {sorted(table)}")
     token = table[role]
     token_id = tokenizer.token_to_id(token)
     if token_id is None:
-        raise ValueError(
+        raise InputError(
             f"the tokenizer has no {role} token {token!r}; train it with `pretrain tokenizer` "
             f"(which adds all special tokens) or map the role to an existing token "
             f"(special_tokens.{role}=...)"
@@ -66,7 +68,7 @@ def sentinel_ids(tokenizer: TokenLookup, count: int) -> list[int]:
     for i in range(count):
         token_id = tokenizer.token_to_id(sentinel_token(i))
         if token_id is None:
-            raise ValueError(
+            raise InputError(
                 f"the tokenizer has only {i} sentinel tokens but {count} are needed "
                 f"(missing {sentinel_token(i)!r}); train the tokenizer with at least {count} sentinels "
                 f"or lower the noise density / raise the mean span length"

@@ -24,6 +24,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from pretrain.datamodules.finetune import ShardedExamplesDataModule, read_table, task_format
+from pretrain.datamodules.tokenizer import TextEncoder
+from pretrain.errors import InputError
 
 IGNORE_INDEX = -100
 
@@ -44,7 +46,7 @@ GLUE_TEXT: dict[str, tuple[tuple[str, ...], dict[str, str] | None]] = {
 def _task_key(task: str) -> str:
     key = task.lower().replace("-", "").replace("_", "")
     if key not in GLUE_TEXT:
-        raise ValueError(f"no text-to-text format for task {task!r}; known: {sorted(GLUE_TEXT)}")
+        raise InputError(f"no text-to-text format for task {task!r}; known: {sorted(GLUE_TEXT)}")
     return key
 
 
@@ -59,7 +61,7 @@ def glue_pairs(path: str | os.PathLike, task: str) -> list[tuple[str, str]]:
     columns, rows = read_table(path, fmt.header)
     missing = [c for c in (*fmt.text_columns, fmt.label_column) if c not in columns]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"{path}: missing column(s) {missing} for task {task!r}; available columns: {columns}"
         )
     pairs = []
@@ -71,12 +73,12 @@ def glue_pairs(path: str | os.PathLike, task: str) -> list[tuple[str, str]]:
         elif label in words:
             target = words[label]
         else:
-            raise ValueError(
+            raise InputError(
                 f"{path} line {line_no}: label {label!r} is not one of {sorted(words)} for {task!r}"
             )
         pairs.append((f"{key} {texts}", target))
     if not pairs:
-        raise ValueError(f"{path} has no examples")
+        raise InputError(f"{path} has no examples")
     return pairs
 
 
@@ -94,12 +96,12 @@ def parallel_pairs(
     """(prefix + source line, target line) from two line-aligned files; ValueError if they do not align."""
     sources, targets = _read_lines(Path(source_file)), _read_lines(Path(target_file))
     if len(sources) != len(targets):
-        raise ValueError(
+        raise InputError(
             f"{source_file} has {len(sources)} lines but {target_file} has {len(targets)}: the files of a "
             "parallel corpus must be line-aligned"
         )
     if not sources:
-        raise ValueError(f"{source_file} is empty")
+        raise InputError(f"{source_file} is empty")
     return [(prefix + s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
 
 
@@ -128,15 +130,51 @@ class Text2TextCollate:
         return batch
 
 
+class PackedText2TextCollate:
+    """Source/target pairs packed into rows without padding (``pretrain.datamodules.unpadded``; a pair's source and
+    target share a row, so its decoder cross-attends to its own source): the keys of ``Text2TextCollate`` plus
+    ``document_ids``, ``position_ids`` (R, S) and ``decoder_document_ids``, ``decoder_position_ids`` (R, T);
+    decoder inputs start with the decoder start token in every pair."""
+
+    def __init__(self, pad_id: int, decoder_start_id: int):
+        self.pad_id, self.start_id = pad_id, decoder_start_id
+
+    def __call__(self, examples: list[tuple[list[int], list[int], str]]) -> dict[str, Tensor | list[str]]:
+        from pretrain.datamodules.unpadded import first_fit, pack
+        from pretrain.objectives.base import shift_right
+
+        sources, targets = [s for s, _, _ in examples], [t for _, t, _ in examples]
+        S, T = max(map(len, sources)), max(map(len, targets))
+        rows = first_fit([[len(s), len(t)] for s, t in zip(sources, targets, strict=True)], [S, T])
+        encoder, decoder = pack(sources, rows, S, self.pad_id), pack(targets, rows, T, IGNORE_INDEX)
+        labels = decoder["tokens"]
+        decoder_inputs = shift_right(labels, self.start_id, self.pad_id)
+        decoder_inputs[(decoder["position_ids"] == 0) & (decoder["document_ids"] >= 0)] = self.start_id
+        return {
+            "input_ids": encoder["tokens"],
+            "attention_mask": (encoder["document_ids"] >= 0).long(),
+            "document_ids": encoder["document_ids"],
+            "position_ids": encoder["position_ids"],
+            "labels": labels,
+            "decoder_input_ids": decoder_inputs,
+            "decoder_attention_mask": (decoder["document_ids"] >= 0).long(),
+            "decoder_document_ids": decoder["document_ids"],
+            "decoder_position_ids": decoder["position_ids"],
+            "targets": [text for _, _, text in examples],
+        }
+
+
 class Text2TextDataModule(ShardedExamplesDataModule):
     """(source, target) text pairs -> padded encoder-decoder batches.
 
     Args:
-        tokenizer: a ``tokenizers.Tokenizer``; texts are encoded without its post-processor, then ``eos_id`` is
-            appended (T5 ends sources and targets with ``</s>``).
+        tokenizer: a ``tokenizers.Tokenizer``; texts are encoded by ``TextEncoder`` (special-token strings stay
+            text, no post-processor), then ``eos_id`` is appended (T5 ends sources and targets with ``</s>``).
         train, val: lists of (source, target) pairs (``glue_pairs`` / ``parallel_pairs``).
         pad_id, eos_id, decoder_start_id: token ids (T5: pad = decoder start).
         max_source_length, max_target_length: token budgets including EOS (longer texts are truncated).
+        unpadded: training batches packed without padding (``PackedText2TextCollate``); validation batches stay
+            padded (they are decoded).
     """
 
     def __init__(
@@ -153,6 +191,7 @@ class Text2TextDataModule(ShardedExamplesDataModule):
         micro_batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        unpadded: bool = False,
     ):
         super().__init__()
         if min(max_source_length, max_target_length) < 2 or micro_batch_size < 1:
@@ -160,16 +199,16 @@ class Text2TextDataModule(ShardedExamplesDataModule):
                 "max_source_length and max_target_length must be >= 2 (a token and EOS), micro_batch_size >= 1; "
                 f"got {max_source_length}, {max_target_length}, {micro_batch_size}"
             )
-        self.tokenizer, self.eos_id = tokenizer, eos_id
+        self.encoder, self.eos_id = TextEncoder(tokenizer), eos_id
         self.max_source_length, self.max_target_length = max_source_length, max_target_length
         self.pairs = {"train": train} | ({"val": val} if val else {})
         self.collate = Text2TextCollate(pad_id, decoder_start_id)
+        self.train_collate = PackedText2TextCollate(pad_id, decoder_start_id) if unpadded else self.collate
         self.micro_batch_size, self.num_workers, self.seed = micro_batch_size, num_workers, seed
         self.examples: dict[str, list[tuple[list[int], list[int], str]]] = {}
 
     def _encode(self, texts: list[str], budget: int) -> list[list[int]]:
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [e.ids[: budget - 1] + [self.eos_id] for e in encodings]
+        return [ids[: budget - 1] + [self.eos_id] for ids in self.encoder(texts)]
 
     def setup(self, stage: str | None = None) -> None:
         for split, pairs in self.pairs.items():
@@ -181,7 +220,9 @@ class Text2TextDataModule(ShardedExamplesDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.examples:
             self.setup("fit")
-        return self.sharded_loader(self.examples[split], shuffle, self.collate)
+        return self.sharded_loader(
+            self.examples[split], shuffle, self.train_collate if shuffle else self.collate
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -9,6 +9,13 @@ eos, unk, mask, cls, sep, 100 sentinels, UL2 mode tokens) with the first ids, th
 then the merges. Special-token strings inside the training text are cut out before pre-tokenization, so
 no merge is learned across or inside them.
 
+Encoding user text: ``TextEncoder`` is the one place text becomes token ids (prepare, finetuning, text-to-text,
+generation prompts, the context-length evaluation). Text that spells a special token (``</s>``, ``<mask>``,
+``<extra_id_0>``, ``<|endoftext|>``...) is encoded as the ordinary text it is; only the framework inserts control
+ids, by id (EOS after a document, a template's [CLS]/[SEP], sentinels). The lm-eval scorer
+(``pretrain.evaluation.scoring``) is the exception: it encodes prompts as lm-eval's HF model does, which matches
+special-token text as control tokens, so its scores stay identical to lm-eval's (``docs/data.md``).
+
 Ties: ``tokenizers``' trainer picks, among pairs of equal count, the pair with the smallest token ids
 (earlier-created tokens first); some reference trainers (e.g. Stanford CS336's) pick the lexicographically
 greatest pair of byte strings. Both learn the same merges up to the first tie where these rules disagree.
@@ -19,17 +26,67 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Encoding, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pretrain.datamodules.corpus import batched, iter_documents, resolve_sources
 from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, special_token_id
 from pretrain.datamodules.storage import atomic_write_text
+from pretrain.errors import InputError
 
 NUM_BYTES = 256
 _GPT2_SPECIAL = re.compile(r"^<\|[a-z_]+\|>$")  # GPT-2 style specials in a vocab.json: <|endoftext|>
+
+
+class TextEncoder:
+    """The one way user text becomes token ids: special-token strings in it are ordinary text.
+
+    ``tokenizers`` matches added special tokens in raw text (``"a </s> b"`` would give an EOS id mid-document)
+    unless ``Tokenizer.encode_special_tokens`` is set; this class sets it on its own copy of ``tokenizer`` (the
+    flag is not serialised: it is set again after unpickling, e.g. in a worker process). Non-special added tokens
+    are vocabulary words and still match. ``tokenizer`` (the copy) may be given a template (``post_processor``)
+    and truncation by the caller: ``encodings`` applies them, and a template inserts its control ids by id."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())
+        self.tokenizer.encode_special_tokens = True
+
+    def __call__(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, no template (``add_special_tokens=False``)."""
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # no offsets
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one text, no template."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encodings(self, inputs: Sequence[str | tuple[str, str]]) -> list[Encoding]:
+        """``Encoding``s of texts or text pairs with the tokenizer's template and truncation (ids, type ids)."""
+        return self.tokenizer.encode_batch(list(inputs))
+
+    def __getstate__(self) -> dict:
+        return {"tokenizer": self.tokenizer.to_str()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.tokenizer = Tokenizer.from_str(state["tokenizer"])
+        self.tokenizer.encode_special_tokens = True
+
+
+_TEXT_ENCODERS: dict[int, tuple[Tokenizer, TextEncoder]] = {}  # id(tokenizer) -> (tokenizer, its encoder)
+
+
+def text_encoder(tokenizer: Tokenizer) -> TextEncoder:
+    """``TextEncoder(tokenizer)``, the same one for the same tokenizer object (a few are kept): its copy keeps its
+    BPE cache warm across calls (``prepare`` called again in one process), and is not copied again. For a
+    tokenizer that will not be changed afterwards (a template or truncation needs ``TextEncoder`` itself)."""
+    key = id(tokenizer)
+    if key not in _TEXT_ENCODERS or _TEXT_ENCODERS[key][0] is not tokenizer:
+        if len(_TEXT_ENCODERS) >= 4:
+            del _TEXT_ENCODERS[next(iter(_TEXT_ENCODERS))]
+        _TEXT_ENCODERS[key] = (tokenizer, TextEncoder(tokenizer))
+    return _TEXT_ENCODERS[key][1]
 
 
 def byte_level_bpe(
@@ -75,10 +132,10 @@ def train_bpe(
     """
     specials = list(all_special_tokens() if special_tokens is None else special_tokens)
     if len(set(specials)) != len(specials):
-        raise ValueError(f"special_tokens contains duplicates: {specials}")
+        raise InputError(f"special_tokens contains duplicates: {specials}")
     minimum = len(specials) + NUM_BYTES
     if vocab_size < minimum:
-        raise ValueError(
+        raise InputError(
             f"vocab_size={vocab_size} is too small: {len(specials)} special tokens + {NUM_BYTES} bytes "
             f"need at least {minimum}; raise vocab_size"
         )
@@ -104,7 +161,7 @@ def train_bpe(
 
     tokenizer.train_from_iterator(batches(), trainer)
     if not trained:
-        raise ValueError(f"no text in {[s.location for s in sources]}: the corpus is empty")
+        raise InputError(f"no text in {[s.location for s in sources]}: the corpus is empty")
     if out_path is not None:
         save_tokenizer(tokenizer, out_path)
     return tokenizer
@@ -135,7 +192,7 @@ def load_gpt2_files(vocab_file: str | os.PathLike, merges_file: str | os.PathLik
                 continue
             parts = line.split(" ")
             if len(parts) != 2:
-                raise ValueError(
+                raise InputError(
                     f"{merges_file}:{line_no}: expected two space-separated symbols, got {line!r}"
                 )
             merges.append((parts[0], parts[1]))
@@ -155,7 +212,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         try:
             return Tokenizer.from_file(str(path))
         except Exception as err:
-            raise ValueError(f"{path} is not a valid tokenizer.json ({err})") from err
+            raise InputError(f"{path} is not a valid tokenizer.json ({err})") from err
     directory = path if path.is_dir() else path.parent
     if (directory / "tokenizer.json").is_file() and path.is_dir():
         return load_tokenizer(directory / "tokenizer.json")
@@ -179,7 +236,7 @@ def check_tokenizer(
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if vocab_size is not None and size > vocab_size:
         suggestion = -(-size // 64) * 64
-        raise ValueError(
+        raise InputError(
             f"the tokenizer has {size} tokens but the model's vocab_size is {vocab_size}: ids >= {vocab_size} "
             f"would index past the embedding; set model.vocab_size >= {size} (e.g. {suggestion}, a multiple of 64)"
         )
@@ -196,7 +253,7 @@ def check_tokenizer(
         else:
             ids[item] = token_id
     if missing:
-        raise ValueError(
+        raise InputError(
             f"the tokenizer lacks the special token(s) {missing} that the objective needs; train it with "
             f"`pretrain tokenizer` (which adds all of them) or pick an objective that does not need them"
         )
@@ -210,6 +267,6 @@ def resolve_eos(tokenizer: Tokenizer, eos_token: str | None = None) -> tuple[str
         token_id = tokenizer.token_to_id(token)
         if token_id is not None:
             return token, token_id
-    raise ValueError(
+    raise InputError(
         f"the tokenizer has none of the EOS tokens {candidates}; pass eos_token=<a token in the vocab>"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 
+from pretrain.errors import InputError
 from pretrain.objectives.base import Objective
 from pretrain.objectives.clm import CausalLM
 from pretrain.objectives.glove import GloVe
@@ -28,7 +29,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
 def options(name: str) -> dict[str, object]:
     """The options objective ``name`` accepts, with their defaults (``inspect.Parameter.empty`` = required)."""
     if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; valid objectives: {sorted(OBJECTIVES)}")
+        raise InputError(f"unknown objective {name!r}; valid objectives: {sorted(OBJECTIVES)}")
     parameters = list(inspect.signature(OBJECTIVES[name].__init__).parameters.values())[2:]
     return {p.name: p.default for p in parameters}
 
@@ -43,7 +44,7 @@ def check_options(name: str, kwargs: dict[str, object]) -> None:
     )
     if unknown or missing:
         problem = f"unknown options {unknown}" if unknown else f"missing required options {missing}"
-        raise ValueError(f"objective {name!r}: {problem}; valid options: {sorted(valid)}")
+        raise InputError(f"objective {name!r}: {problem}; valid options: {sorted(valid)}")
 
 
 def build(name: str, tokenizer, **kwargs) -> Objective:

@@ -8,6 +8,13 @@ Seeding is per sample: every row draws its randomness from its own ``torch.Gener
 depends only on its tokens and its generator, never on the other rows of the batch (the datamodule seeds one
 generator per (seed, epoch, sample index), making results independent of batch size and worker count). A
 single generator is also accepted; it then seeds one generator per row.
+
+Packed documents (``data.document_mask``; ``docs/data.md``): with ``document_ids (B, L)`` -- each raw token's
+document, 0 for the first of the row, from the prepared corpus's document lengths, never from a token id -- an
+objective keeps every document to itself: it returns ``document_ids`` and ``position_ids`` (restarting at 0 in each
+document) for the model's block masks, and draws its randomness document by document where the objective is
+defined per example (span corruption, prefix LM, UL2: each document is an example, as seqio packs them). A row
+holding a single document gives exactly the batch of the objective without document ids.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from pretrain.datamodules.special_tokens import (
     sentinel_token,
     special_token_id,
 )
-from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
+from pretrain.errors import InputError
+from pretrain.objectives.loss import IGNORE_INDEX, num_correct, token_cross_entropy
 
 ARCHITECTURES = frozenset({"decoder", "encoder", "encoder-decoder"})
 Generators = torch.Generator | Sequence[torch.Generator]
@@ -52,6 +60,26 @@ def rand_rows(generators: Sequence[torch.Generator], n: int) -> Tensor:
     if not generators:
         return torch.empty(0, n)
     return torch.stack([torch.rand(n, generator=g) for g in generators])
+
+
+def document_starts(document_ids: Tensor) -> Tensor:
+    """``(B, T)`` bool: the first token of each document (the row's first token included)."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return starts
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """``(B, T)`` position of each token in its document: 0 at every document's first token."""
+    index = torch.arange(document_ids.shape[1]).expand_as(document_ids)
+    start = torch.where(document_starts(document_ids), index, torch.zeros_like(index)).cummax(1).values
+    return index - start
+
+
+def document_spans(document_ids: Tensor) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` of the documents of one row ``(T,)``, in order."""
+    starts = document_starts(document_ids[None])[0].nonzero().squeeze(1).tolist()
+    return list(zip(starts, [*starts[1:], len(document_ids)], strict=True))
 
 
 def lookup(table: Tensor, ids: Tensor) -> Tensor:
@@ -93,6 +121,9 @@ class Objective(abc.ABC):
     name: ClassVar[str]
     architectures: frozenset[str]
     reports_perplexity: ClassVar[bool] = False
+    document_mask: ClassVar[bool] = (
+        True  # keeps packed documents apart given document_ids (prepare_documents)
+    )
     # few positions carry a target (MLM ~15 %, the prefix LM suffix): the trainer then runs the LM head on the
     # target positions only (``Transformer.forward(target_positions=...)``); dense targets skip the gather
     sparse_targets: ClassVar[bool] = False
@@ -112,7 +143,7 @@ class Objective(abc.ABC):
     def check_architecture(self, arch: str) -> None:
         """ValueError unless a model of architecture ``arch`` can be trained with this objective."""
         if arch not in self.architectures:
-            raise ValueError(
+            raise InputError(
                 f"objective {self.name!r} needs a model with arch in {sorted(self.architectures)}, got "
                 f"arch={arch!r}; change model.arch or pick an objective for {arch!r}"
             )
@@ -125,11 +156,29 @@ class Objective(abc.ABC):
     def prepare(self, tokens: Tensor, generators: list[torch.Generator]) -> dict[str, Tensor]:
         """The objective proper on validated ``tokens (B, L)`` with one generator per row."""
 
-    def __call__(self, tokens: Tensor, generator: Generators) -> dict[str, Tensor]:
-        """Model inputs and ``labels`` for ``tokens (B, L)`` (int64); see the class docstring for keys."""
+    def prepare_documents(
+        self, tokens: Tensor, generators: list[torch.Generator], document_ids: Tensor
+    ) -> dict[str, Tensor]:
+        """``prepare`` with every document of the rows kept to itself (module docstring); ``document_ids (B, L)``
+        start at 0 in every row and never decrease."""
+        raise NotImplementedError(f"objective {self.name!r} cannot keep packed documents apart")
+
+    def __call__(
+        self, tokens: Tensor, generator: Generators, document_ids: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """Model inputs and ``labels`` for ``tokens (B, L)`` (int64); see the class docstring for keys. With
+        ``document_ids (B, L)`` (any per-row ids that never decrease) every document is kept to itself."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a LongTensor (B, L), got {tuple(tokens.shape)} {tokens.dtype}")
-        return self.prepare(tokens, row_generators(generator, tokens.shape[0]))
+        generators = row_generators(generator, tokens.shape[0])
+        if document_ids is None:
+            return self.prepare(tokens, generators)
+        if document_ids.shape != tokens.shape or (document_ids.diff(dim=1) < 0).any():
+            raise ValueError(
+                f"document_ids must be (B, L) = {tuple(tokens.shape)} and never decrease along a row, got "
+                f"{tuple(document_ids.shape)}"
+            )
+        return self.prepare_documents(tokens, generators, (document_ids - document_ids[:, :1]).long())
 
     def loss(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """``(sum of token cross-entropy over targets, number of targets)``; divide by the global count."""
@@ -138,8 +187,8 @@ class Objective(abc.ABC):
     def metrics(self, logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """Summable counts: ``loss_sum``, ``num_targets``, ``num_correct`` (argmax == label on targets)."""
         loss_sum, num_targets = self.loss(logits, labels)
-        num_correct = ((logits.detach().argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
-        return {"loss_sum": loss_sum.detach(), "num_targets": num_targets, "num_correct": num_correct}
+        correct = num_correct(logits.detach(), labels)
+        return {"loss_sum": loss_sum.detach(), "num_targets": num_targets, "num_correct": correct}
 
     def summarize(self, totals: Mapping[str, Tensor]) -> dict[str, float]:
         """Global ``loss``, ``accuracy`` (and ``perplexity`` for LM objectives) from ``loss_sum``,

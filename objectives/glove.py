@@ -21,9 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pretrain.config.compose import check_counts
 from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
+from pretrain.errors import InputError
 from pretrain.objectives.base import Objective, special_id_table
-from pretrain.objectives.sgns import check_counts, token_counts, vocabulary
+from pretrain.objectives.sgns import token_counts, vocabulary
 
 
 def glove_weight(x: Tensor, x_max: float = 100.0, alpha: float = 0.75) -> Tensor:
@@ -112,7 +114,7 @@ class GloVe:
     ):
         check_counts(window=window, min_count=min_count)
         if x_max <= 0 or alpha <= 0:
-            raise ValueError(f"x_max and alpha must be > 0 (published: 100, 0.75), got {x_max}, {alpha}")
+            raise InputError(f"x_max and alpha must be > 0 (published: 100, 0.75), got {x_max}, {alpha}")
         self.tokenizer = tokenizer
         self.window, self.min_count, self.symmetric = window, min_count, bool(symmetric)
         self.x_max, self.alpha = float(x_max), float(alpha)

@@ -14,7 +14,11 @@ that each unit is covered with probability ``mlm_probability``:
 
     1 - prod_{k=0}^{M-1} (1 - q * P(len > k)) = mlm_probability.
 
-Packed pretraining input ``x (B, T-2)`` becomes ``[CLS] x [SEP]``.
+Packed pretraining input ``x (B, T-2)`` becomes ``[CLS] x [SEP]``. With packed documents (``document_ids``),
+[CLS] joins the row's first document and [SEP] its last, positions restart in every document, a word or span
+never continues across a boundary (a span reaching into the next document is two runs there, each with its own
+80/10/10 decision), and each token is still selected with probability ``mlm_probability``: the statistics hold per
+document, spans being cut at document ends as they are at the row's.
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from pretrain.objectives.base import Objective, lookup, rand_rows, special_id_table
+from pretrain.errors import InputError
+from pretrain.objectives.base import (
+    Objective,
+    document_positions,
+    document_starts,
+    lookup,
+    rand_rows,
+    special_id_table,
+)
 from pretrain.objectives.loss import IGNORE_INDEX
 
 WORD_MARKERS = ("Ġ", "▁", "##")  # byte-level BPE, SentencePiece (word starts) and WordPiece (continuations)
@@ -37,7 +49,7 @@ def word_start_table(tokenizer) -> Tensor:
     counts = {m: sum(token.startswith(m) for token in vocab) for m in WORD_MARKERS}
     marker = max(counts, key=counts.get)
     if counts[marker] == 0:
-        raise ValueError(
+        raise InputError(
             f"cannot derive word boundaries: no vocabulary token starts with any of {WORD_MARKERS}; "
             "use whole_word_mask=False"
         )
@@ -85,14 +97,14 @@ class MaskedLM(Objective):
     ):
         super().__init__(tokenizer, special_tokens)
         if not 0 < mlm_probability < 1:
-            raise ValueError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
+            raise InputError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
         if mask_replace_prob < 0 or random_replace_prob < 0 or mask_replace_prob + random_replace_prob > 1:
-            raise ValueError(
+            raise InputError(
                 "mask_replace_prob and random_replace_prob must be >= 0 with a sum <= 1, got "
                 f"{mask_replace_prob} and {random_replace_prob}"
             )
         if not 0 < span_p <= 1 or max_span_length < 1:
-            raise ValueError(
+            raise InputError(
                 f"need 0 < span_p <= 1 and max_span_length >= 1, got {span_p}, {max_span_length}"
             )
         self.mlm_probability = mlm_probability
@@ -103,7 +115,7 @@ class MaskedLM(Objective):
         self.is_special = special_id_table(tokenizer, self.special_tokens)
         self.replacement_ids = (~self.is_special).nonzero().squeeze(1)
         if len(self.replacement_ids) == 0:
-            raise ValueError("the tokenizer has no non-special tokens to use as random replacements")
+            raise InputError("the tokenizer has no non-special tokens to use as random replacements")
         self.starts_word = word_start_table(tokenizer) if whole_word_mask else None
         self.max_span_length = max_span_length if span_masking else 1
         if span_masking:
@@ -113,21 +125,37 @@ class MaskedLM(Objective):
 
     def raw_length(self, input_length: int) -> int:
         if input_length < 3:
-            raise ValueError(f"mlm adds [CLS] and [SEP]: input_length must be >= 3, got {input_length}")
+            raise InputError(f"mlm adds [CLS] and [SEP]: input_length must be >= 3, got {input_length}")
         return input_length - 2
 
-    def prepare(self, tokens: Tensor, generators: list[torch.Generator]) -> dict[str, Tensor]:
+    def prepare(
+        self, tokens: Tensor, generators: list[torch.Generator], documents: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """``documents``: the (B, T) document ids of ``[CLS] x [SEP]`` (see ``prepare_documents``)."""
         B = tokens.shape[0]
         input_ids = torch.cat(
             [tokens.new_full((B, 1), self.cls_id), tokens, tokens.new_full((B, 1), self.sep_id)], dim=1
         )
-        return self._mask({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}, generators)
+        batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+        return self._mask(batch, generators, documents)
 
-    def _unit_ids(self, input_ids: Tensor, special: Tensor) -> Tensor | None:
-        """``(B, T)`` index of each token's word (its selection unit), or None when units are tokens."""
+    def prepare_documents(
+        self, tokens: Tensor, generators: list[torch.Generator], document_ids: Tensor
+    ) -> dict[str, Tensor]:
+        documents = torch.cat(
+            [document_ids[:, :1], document_ids, document_ids[:, -1:]], dim=1
+        )  # [CLS], [SEP]
+        batch = self.prepare(tokens, generators, documents)
+        return {**batch, "document_ids": documents, "position_ids": document_positions(documents)}
+
+    def _unit_ids(self, input_ids: Tensor, special: Tensor, starts: Tensor | None = None) -> Tensor | None:
+        """``(B, T)`` index of each token's word (its selection unit), or None when units are tokens; a document
+        start (``starts``) starts a word."""
         if self.starts_word is None:
             return None
         boundary = lookup(self.starts_word, input_ids) | special
+        if starts is not None:
+            boundary |= starts
         boundary[:, 1:] |= special[:, :-1]
         boundary[:, 0] = True
         return boundary.long().cumsum(1) - 1
@@ -147,8 +175,13 @@ class MaskedLM(Objective):
         diff.scatter_add_(1, index + lengths, -starts.long())
         return diff.cumsum(1)[:, M - 1 : G] > 0
 
-    def _mask(self, batch: dict[str, Tensor], generators: list[torch.Generator]) -> dict[str, Tensor]:
+    def _mask(
+        self, batch: dict[str, Tensor], generators: list[torch.Generator], documents: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """Select and replace tokens of ``batch["input_ids"]`` (B, T); ``documents`` (B, T): no unit or run
+        continues across a document start."""
         input_ids = batch["input_ids"]
+        starts = None if documents is None else document_starts(documents)
         T = input_ids.shape[1]
         G = T + self.max_span_length - 1
         u = rand_rows(generators, (2 * G if self.max_span_length > 1 else G) + 2 * T)
@@ -156,12 +189,14 @@ class MaskedLM(Objective):
         u_decide, u_random = u[:, -2 * T : -T], u[:, -T:]
 
         special = lookup(self.is_special, input_ids)
-        unit = self._unit_ids(input_ids, special)
+        unit = self._unit_ids(input_ids, special, starts)
         selected = self._select_units(u_start, u_length)
         selected = (selected if unit is None else selected.gather(1, unit)) & ~special
         if self.max_span_length > 1:  # one decision per selected run (SpanBERT masks spans as a whole)
             run_start = selected.clone()
             run_start[:, 1:] &= ~selected[:, :-1]
+            if starts is not None:  # a run reaching into the next document starts again there
+                run_start |= selected & starts
             index = torch.arange(T).expand_as(input_ids)
             first = torch.where(run_start, index, torch.zeros_like(index)).cummax(1).values
             u_decide = u_decide.gather(1, first)

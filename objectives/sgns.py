@@ -29,16 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pretrain.config.compose import check_counts
+from pretrain.errors import InputError
 from pretrain.objectives.base import Objective, special_id_table
 from pretrain.objectives.loss import token_cross_entropy
-
-
-def check_counts(**values: int) -> None:
-    """ValueError unless every value is an integer >= 1 (window, negatives, min_count, ...)."""
-    meaning = {"window": " (context words on each side)", "negatives": " (k noise words per example)"}
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}{meaning.get(name, '')} must be an integer >= 1, got {value!r}")
 
 
 def token_counts(tokens: np.ndarray | Tensor, vocab_size: int) -> Tensor:
@@ -58,7 +52,7 @@ def vocabulary(counts: Tensor, min_count: int, excluded: Tensor) -> Tensor:
     vocab = (counts >= min_count) & ~excluded
     if not vocab.any():
         top = int(counts.masked_fill(excluded, 0).max()) if counts.numel() else 0
-        raise ValueError(
+        raise InputError(
             f"the vocabulary is empty after min-count filtering: no token occurs min_count={min_count} times "
             f"(the most frequent occurs {top} times); lower min_count or train on more text"
         )
@@ -100,6 +94,7 @@ class SkipGram(Objective):
     ``full_softmax``, ``noise_power``, ``special_tokens``."""
 
     name = "sgns"
+    document_mask = False  # context windows run over the token stream, across documents
     architectures = frozenset({"word2vec"})
 
     def __init__(
@@ -119,11 +114,11 @@ class SkipGram(Objective):
         super().__init__(tokenizer, special_tokens)
         check_counts(window=window, negatives=negatives, min_count=min_count)
         if subsample < 0:
-            raise ValueError(
+            raise InputError(
                 f"subsample must be >= 0 (0 disables subsampling; word2vec uses 1e-3), got {subsample}"
             )
         if noise_power < 0:
-            raise ValueError(f"noise_power must be >= 0 (Mikolov et al.: 0.75), got {noise_power}")
+            raise InputError(f"noise_power must be >= 0 (Mikolov et al.: 0.75), got {noise_power}")
         counts = torch.as_tensor(np.asarray(counts), dtype=torch.long)
         vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         if counts.dim() != 1 or counts.numel() != vocab_size:
@@ -141,7 +136,7 @@ class SkipGram(Objective):
 
     def raw_length(self, input_length: int) -> int:
         if input_length < 2:
-            raise ValueError(
+            raise InputError(
                 f"input_length must be >= 2 tokens to hold a (center, context) pair, got {input_length}"
             )
         return input_length

@@ -10,18 +10,28 @@ one sentinel ``<extra_id_k>`` (k-th span) in the inputs; the targets are every s
 EOS ends both. So inputs have ``num_nonnoise + num_spans + 1`` and targets ``num_noise + num_spans + 1``
 tokens whatever the randomness, and ``random_spans_helper`` picks the raw length that fills the encoder input
 exactly: input 512 takes 568 raw tokens and gives 114 targets (density 0.15, mean span 3).
+
+Packed documents (``document_ids``): each document of the row is corrupted on its own, as seqio corrupts each
+example before packing -- its own noise mask, sentinels numbered from ``<extra_id_0>`` again, EOS after its inputs
+and its targets -- and the examples are packed back into the row's encoder and decoder lengths with seqio's
+segment semantics (``pretrain.objectives.packing``). A document of one token has no noise (T5 lengthens it to 2
+and keeps the first, non-noise, token). Per-document EOS and sentinels cost room, so the last document of a row may
+be cut or dropped (``packing.fit_length``); a row of one document is exactly the unpacked batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from pretrain.datamodules.special_tokens import sentinel_ids, sentinel_token
+from pretrain.errors import InputError
 from pretrain.objectives.base import Objective, count_sentinels, rand_rows, shift_right
+from pretrain.objectives.packing import Example, fit_length, pack_documents
 
 
 def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int, int]:
@@ -47,7 +57,7 @@ def random_spans_helper(
     that makes the targets longer than the inputs (T5's "minor hack").
     """
     if inputs_length < 3:
-        raise ValueError(
+        raise InputError(
             f"span corruption needs an input length >= 3 (one token, a sentinel, EOS), got {inputs_length}"
         )
     tokens_length = max(inputs_length - 1, 2)  # encoded inputs never exceed raw length + 1
@@ -111,12 +121,41 @@ def corrupt_spans(
     )
 
 
+def length_table(
+    length: int, noise_density: float, mean_noise_span_length: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(inputs_length, targets_length)`` of a chunk of n raw tokens for n = 0..length, as int arrays; n = 1 has
+    no noise (a token and EOS; a sentinel and EOS), n = 0 cannot be corrupted (an impossible length)."""
+    lengths = [(1 << 30, 1 << 30), (2, 2)]
+    lengths += [encoded_lengths(n, noise_density, mean_noise_span_length) for n in range(2, length + 1)]
+    table = np.array(lengths[: length + 1], dtype=np.int64)
+    return table[:, 0], table[:, 1]
+
+
+def corrupt_document(
+    tokens: Tensor,
+    noise_density: float,
+    mean_noise_span_length: float,
+    generator: torch.Generator,
+    sentinels: Tensor,
+    eos_id: int,
+) -> Example:
+    """T5 span corruption of one document's raw ``tokens (n,)``: ``(inputs, targets)``, each ending with EOS."""
+    n = len(tokens)
+    if n >= 2:
+        noise = random_spans_noise_mask(n, noise_density, mean_noise_span_length, [generator])
+    else:
+        noise = torch.zeros(1, n, dtype=torch.bool)
+    inputs, targets = corrupt_spans(tokens[None], noise, sentinels, eos_id)
+    return inputs[0], targets[0]
+
+
 def check_span_options(noise_density: float, mean_noise_span_length: float) -> None:
     """ValueError unless 0 < density < 1 and mean span length >= 1."""
     if not 0 < noise_density < 1:
-        raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
+        raise InputError(f"noise_density must be in (0, 1), got {noise_density}")
     if mean_noise_span_length < 1:
-        raise ValueError(f"mean_noise_span_length must be >= 1, got {mean_noise_span_length}")
+        raise InputError(f"mean_noise_span_length must be >= 1, got {mean_noise_span_length}")
 
 
 class SpanCorruption(Objective):
@@ -166,3 +205,23 @@ class SpanCorruption(Objective):
             "labels": targets,
             "decoder_input_ids": shift_right(targets, self.pad_id, self.pad_id),
         }
+
+    def prepare_documents(
+        self, tokens: Tensor, generators: list[torch.Generator], document_ids: Tensor
+    ) -> dict[str, Tensor]:
+        L = tokens.shape[1]
+        self.check_length(L)
+        density, mean_span = self.noise_density, self.mean_noise_span_length
+        input_length, target_length = encoded_lengths(L, density, mean_span)  # the unpacked batch's lengths
+        enc, dec = length_table(L, density, mean_span)
+
+        def fit(document: Tensor, room_in: int, room_out: int, generator: torch.Generator):
+            n = fit_length(len(document), L, (enc <= room_in) & (dec <= room_out))
+            if n == 0:
+                return None
+            return corrupt_document(
+                document[:n], density, mean_span, generator, self.sentinels, self.eos_id
+            ), n
+
+        lengths = (input_length, target_length)
+        return pack_documents(tokens, document_ids, generators, lengths, fit, self.pad_id, self.pad_id)

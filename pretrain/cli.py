@@ -7,6 +7,8 @@ later stages ``finetune``, ``evaluate`` and ``baseline``.
     pretrain validate recipes/gpt-tiny.yaml                   # validation loss of the newest checkpoint
     pretrain generate runs/gpt-tiny/checkpoints/last.ckpt --prompt "ROMEO:" --top-k 50
     pretrain export runs/gpt-tiny/checkpoints/last.ckpt runs/gpt-tiny/hf
+    pretrain convert runs/gpt-fsdp/checkpoints/last.ckpt --to single one.ckpt   # any layout, tensor by tensor
+    pretrain merge runs/a/checkpoints/step200.ckpt runs/a/checkpoints/step240.ckpt --out merged.ckpt
     pretrain plot runs/gpt-tiny runs/bert-tiny --out curves.png   # overlay runs' loss, lr, tokens/s
     pretrain plan recipes/gpt2-124m.yaml --gpus 8 --gpu-memory 80GiB   # memory per strategy, before a run
     pretrain finetune recipes/finetune-sst2-minilm.yaml
@@ -24,10 +26,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import shlex
 import sys
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 from pretrain.errors import debug_requested, run_verb
+from pretrain.training.quiet import quiet_libraries
+
+OVERRIDES_VARIABLE = (
+    "PRETRAIN_OVERRIDES"  # pretrain.config.compose's (not imported here: omegaconf is not needed
+)
+# by every verb)
 
 # name -> (module, function adding its arguments, handler returning the exit status, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -67,6 +77,18 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "cmd_export",
         "write a checkpoint as a Hugging Face model directory",
     ),
+    "convert": (
+        "pretrain.training.cli",
+        "add_convert_arguments",
+        "cmd_convert",
+        "rewrite a checkpoint of any layout as one file, a DCP directory or a transformers directory",
+    ),
+    "merge": (
+        "pretrain.training.cli",
+        "add_merge_arguments",
+        "cmd_merge",
+        "weighted average of the weights of checkpoints of one model, as one checkpoint file",
+    ),
     "plot": (
         "pretrain.training.cli",
         "add_plot_arguments",
@@ -78,6 +100,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "add_arguments",
         "cmd_plan",
         "per-GPU memory of a recipe under DDP, FSDP2 and ZeRO-1/2/3 (+ offload), and the largest micro-batch",
+    ),
+    "ladder": (
+        "pretrain.ladder.command",
+        "add_arguments",
+        "cmd_ladder",
+        "scaling-law ladder: train sizes x budgets, fit L(N, D), predict a held-out cell, compute-optimal N and D",
     ),
     "finetune": (
         "pretrain.finetuning.cli",
@@ -112,7 +140,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if name == command:
             stage = importlib.import_module(module)
             getattr(stage, add_arguments)(stage_parser)
-            stage_parser.set_defaults(handler=getattr(stage, handler))
+            # run_verb: how a verb that runs others (ladder: tokenizer, prepare) reaches them, layers kept
+            stage_parser.set_defaults(handler=getattr(stage, handler), run_verb=main)
     return parser
 
 
@@ -125,11 +154,35 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if hasattr(args, "overrides") and os.environ.get(
-        "PRETRAIN_OVERRIDES"
-    ):  # e.g. a short smoke run of a recipe
-        args.overrides = [*args.overrides, *shlex.split(os.environ["PRETRAIN_OVERRIDES"])]
-    return run_verb(args.command, args.handler, args, debug)
+    handler = args.handler
+    if hasattr(args, "overrides"):  # and $PRETRAIN_OVERRIDES's, e.g. a short smoke run of a recipe
+        handler = partial(with_environment_overrides, handler)
+    set_here = debug and "PRETRAIN_DEBUG" not in os.environ
+    if set_here:  # the library notices too, in every process this one starts (data-parallel ranks)
+        os.environ["PRETRAIN_DEBUG"] = "1"
+    quiet_libraries()  # before the verb imports its libraries: every verb, as fit always did
+    try:
+        return run_verb(args.command, handler, args, debug)
+    finally:
+        if set_here:
+            del os.environ["PRETRAIN_DEBUG"]
+
+
+def with_environment_overrides(handler: Callable[[Any], int], args: argparse.Namespace) -> int:
+    """``handler(args)`` with the overrides of ``$PRETRAIN_OVERRIDES`` after the command line's; bad input they
+    set is said to come from there."""
+    from pretrain.config.compose import blame_environment, environment_overrides
+    from pretrain.errors import InputError
+
+    from_environment = environment_overrides()
+    args.overrides = [*args.overrides, *from_environment]
+    try:
+        return handler(args)
+    except InputError as err:
+        blamed = blame_environment(err, from_environment)
+        if blamed is err:
+            raise
+        raise blamed from err
 
 
 if __name__ == "__main__":

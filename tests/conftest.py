@@ -16,6 +16,14 @@ SHIPPED_CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with end-to-end runs (a ``slow`` test) first, each file's own order kept: under ``make test``'s two
+    workers (``--dist loadfile`` hands out whole files in this order) the long files start early and the short ones
+    fill the end, instead of one worker running a long file alone at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data`` (or ``$PRETRAIN_SHARED_DATA``). Tests that read real data skip when it is absent on a

@@ -43,6 +43,28 @@ VARIANTS = {
         "logit_scale": 24**-0.5,
         "n_decoder_layer": 3,
     },
+    "modernbert": {  # layer 0 global, layer 1 local (window 3, its own RoPE base)
+        "arch": "encoder",
+        "norm_bias": False,
+        "embedding_norm": True,
+        "position": "rope",
+        "rope_theta": 1000.0,
+        "activation": "geglu",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "global_attn_every_n_layers": 2,
+        "local_attention_window": 3,
+        "local_rope_theta": 50.0,
+        "mlm_head_transform": True,
+        "mlm_head_bias": False,
+        "lm_head_bias": True,
+    },
+    "local_decoder": {  # Gemma 2's pattern: layer 0 global, layer 1 a sliding window of 3
+        "arch": "decoder",
+        "position": "rope",
+        "global_attn_every_n_layers": 2,
+        "local_attention_window": 3,
+    },
 }
 
 

@@ -17,7 +17,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "recipes" / "data" / "tinyshakesp
 
 
 ALL_OBJECTIVES = {
-    "clm": {"document_masking": True},
+    "clm": {},
     "mlm": {"span_masking": True, "whole_word_mask": True},
     "span_corruption": {},
     "prefix_lm": {},

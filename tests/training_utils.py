@@ -49,8 +49,25 @@ TINY_MODEL = {
         "decoder_start_token_id": 0,
         "eos_token_id": 2,
     },
+    "modernbert": {  # ModernBERT's layout: layer 0 global, layer 1 local
+        "arch": "encoder",
+        "n_layer": 2,
+        "norm_bias": False,
+        "embedding_norm": True,
+        "activation": "geglu",
+        "mlp_bias": False,
+        "attn_bias": False,
+        "position": "rope",
+        "rope_theta": 160000.0,
+        "global_attn_every_n_layers": 2,
+        "local_attention_window": 9,
+        "local_rope_theta": 10000.0,
+        "mlm_head_transform": True,
+        "mlm_head_bias": False,
+        "lm_head_bias": True,
+    },
 }
-OBJECTIVE = {"gpt": "clm", "bert": "mlm", "t5": "span_corruption"}
+OBJECTIVE = {"gpt": "clm", "bert": "mlm", "t5": "span_corruption", "modernbert": "mlm"}
 
 
 def tiny_recipe(directory: Path, world: dict[str, Path], kind: str = "gpt", **sections) -> Path:
@@ -358,3 +375,50 @@ def run_ranks(script: Path, *args: str, world_size: int = 2, log_dir: Path, time
             f"--- rank {r} ---\n{(log_dir / f'rank{r}.log').read_text()[-4000:]}" for r in range(world_size)
         )
         raise AssertionError(f"{script.name} exited {codes}:\n{logs}")
+
+
+def record_sample_indices() -> tuple:
+    """Patches (``[(owner, name, patched)]``, for ``monkeypatch.setattr`` or plain assignment) that append every
+    training micro-batch's sample indices (stream positions, ``Sample.index``) to
+    ``<run_dir>/samples.rank<r>.jsonl`` as ``[global_step, [indices]]``, when the training loop receives the batch
+    (not when it is prefetched)."""
+    import json
+
+    import torch
+
+    from pretrain.datamodules.pretrain import ObjectiveCollate
+    from pretrain.training.module import PretrainData
+
+    collate, before_transfer = ObjectiveCollate.__call__, PretrainData.on_before_batch_transfer
+
+    def collate_with_indices(self, samples):
+        batch = collate(self, samples)
+        batch["sample_index"] = torch.tensor([s.index for s in samples])
+        return batch
+
+    def record_indices(self, batch, dataloader_idx):
+        indices = batch.pop("sample_index", None)
+        trainer = self.trainer
+        if indices is not None and trainer is not None and trainer.training:
+            out = Path(trainer.default_root_dir) / f"samples.rank{trainer.global_rank}.jsonl"
+            with open(out, "a") as f:
+                f.write(json.dumps([trainer.global_step, indices.tolist()]) + "\n")
+        return before_transfer(self, batch, dataloader_idx)
+
+    return (
+        (ObjectiveCollate, "__call__", collate_with_indices),
+        (PretrainData, "on_before_batch_transfer", record_indices),
+    )
+
+
+def samples_by_step(run_dir: Path) -> dict[int, list[int]]:
+    """``{global step: sorted sample indices read in it, all ranks and micro-batches}`` from the files
+    :func:`record_sample_indices` writes (every launch of the run)."""
+    import json
+
+    steps: dict[int, list[int]] = {}
+    for path in sorted(run_dir.glob("samples.rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            step, indices = json.loads(line)
+            steps.setdefault(step, []).extend(indices)
+    return {step: sorted(indices) for step, indices in sorted(steps.items())}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from pretrain.baselines.config import load_config
-from pretrain.baselines.run import run_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,11 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     """``pretrain baseline RECIPE [key=value ...]``."""
+    resolved = load_config(args.recipe, args.overrides)[2]  # checked before torch and Lightning are imported
     if args.print_config:
         from omegaconf import OmegaConf
 
-        print(OmegaConf.to_yaml(load_config(args.recipe, args.overrides)[2]), end="")
+        print(OmegaConf.to_yaml(resolved), end="")
         return 0
+    from pretrain.baselines.run import run_recipe  # torch and Lightning: after the recipe is checked
+
     results = run_recipe(args.recipe, args.overrides)
     print("\n== baseline: done ==")
     for key, value in results.items():

@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 from pretrain import config
 from pretrain.config import RunConfig, SourceConfig
-from pretrain.models.rnn import RNNConfig, Seq2SeqConfig
-from pretrain.objectives.sgns import check_counts
+from pretrain.config.compose import check_counts
+from pretrain.errors import InputError
+from pretrain.models.rnn_config import RNNConfig, Seq2SeqConfig
 
 
 @dataclass
@@ -97,11 +98,11 @@ class Seq2SeqBaseline:
             beam_size=self.beam_size,
         )
         if self.toy_max_length < self.toy_min_length:
-            raise ValueError(
+            raise InputError(
                 f"toy_max_length ({self.toy_max_length}) must be >= toy_min_length ({self.toy_min_length})"
             )
         if self.task == "parallel" and len(self.train) != 2:
-            raise ValueError(f"task=parallel needs train=[source file, target file], got {self.train}")
+            raise InputError(f"task=parallel needs train=[source file, target file], got {self.train}")
 
 
 BASELINES = {
@@ -119,16 +120,16 @@ def load_config(
     raw = config.compose(recipe, overrides)
     section = raw.pop("baselines", None)
     if not isinstance(section, dict) or section.get("kind") not in BASELINES:
-        raise ValueError(
+        raise InputError(
             f"{recipe}: a baseline recipe needs a section `baselines` with kind in {list(BASELINES)} "
             f"(pieces in configs/baselines/), got {section!r:.80}"
         )
     run = config.validate(raw)
     baseline = config.structured(BASELINES[section["kind"]], section, "baselines")
     if run.trainer.devices != 1 or run.trainer.num_nodes != 1:
-        raise ValueError("baselines train on one device; set trainer.devices=1 trainer.num_nodes=1")
+        raise InputError("baselines train on one device; set trainer.devices=1 trainer.num_nodes=1")
     if run.strategy.name in ("fsdp", "deepspeed"):
-        raise ValueError(
+        raise InputError(
             f"strategy.name={run.strategy.name}: baselines train on one device, with nothing to shard; "
             "drop the strategy (strategy.name=auto)"
         )

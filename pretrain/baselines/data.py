@@ -10,6 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from pretrain.config import RunConfig, SourceConfig
+from pretrain.errors import InputError
 
 
 def ensure_tokenizer(run: RunConfig) -> Tokenizer:
@@ -63,5 +64,5 @@ def split_tokens(directories: Sequence[Path], split: str) -> np.ndarray:
     parts = [np.asarray(t, dtype=np.int64) for d in directories for t in shard_tokens(d, split)]
     tokens = np.concatenate(parts) if parts else np.empty(0, np.int64)
     if tokens.size == 0:
-        raise ValueError(f"the {split} split of {[str(d) for d in directories]} is empty")
+        raise InputError(f"the {split} split of {[str(d) for d in directories]} is empty")
     return tokens

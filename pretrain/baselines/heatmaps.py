@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from pretrain.datamodules.storage import atomic_write
 from pretrain.models.rnn import Seq2SeqRNN
 
 
@@ -47,7 +48,7 @@ def save_alignment(
     ax.set_ylabel("output")
     fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
     return path
 

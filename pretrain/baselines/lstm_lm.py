@@ -17,6 +17,7 @@ from pretrain.baselines.config import RNNLMBaseline
 from pretrain.baselines.data import ensure_prepared, ensure_tokenizer, prepared_dirs, split_tokens
 from pretrain.baselines.module import BaselineModule, fit, token_sums
 from pretrain.config import OptimConfig, RunConfig, SourceConfig
+from pretrain.errors import InputError
 from pretrain.models.rnn import RNNLanguageModel
 from pretrain.objectives.base import Objective
 
@@ -28,7 +29,7 @@ class StreamBatches(Dataset):
     def __init__(self, tokens: np.ndarray, objective: Objective, seq_len: int, batch_size: int):
         n = len(tokens) // batch_size
         if n < seq_len + 1:
-            raise ValueError(
+            raise InputError(
                 f"a stream of {len(tokens)} tokens gives {batch_size} streams of {n} tokens, fewer than "
                 f"seq_len + 1 = {seq_len + 1}; lower data.micro_batch_size or data.seq_len"
             )
@@ -124,20 +125,16 @@ def stream_perplexity(
 
 
 def lm_objective(run: RunConfig, tokenizer: Tokenizer, vocab_size: int) -> Objective:
-    """The ``clm`` objective of the run, checked against the tokenizer (recurrent LMs need no document masks)."""
+    """The ``clm`` objective of the run, checked against the tokenizer (a recurrent LM reads across documents:
+    ``pretrain.baselines.run.check_document_mask``)."""
     from pretrain import objectives
     from pretrain.datamodules.tokenizer import check_tokenizer
 
     if run.objective.name != "clm":
-        raise ValueError(
+        raise InputError(
             f"language-model baselines train with objective clm, got objective.name={run.objective.name!r}"
         )
-    options = dict(run.objective.options)
-    if options.get("document_masking"):
-        raise ValueError(
-            "a recurrent LM carries its state across documents; set objective.options.document_masking=false"
-        )
-    objective = objectives.build("clm", tokenizer, **options)
+    objective = objectives.build("clm", tokenizer, **dict(run.objective.options))
     check_tokenizer(tokenizer, vocab_size, objective.required_tokens, run.tokenizer.special_tokens)
     return objective
 
@@ -148,7 +145,7 @@ def lm_streams(
     """Train stream (train splits of data.sources) and validation stream (``validation``'s whole text, else the
     sources' val splits; None when there is none or ``limit_val_batches`` is 0)."""
     if any(s.weight != 1.0 for s in run.data.sources):
-        raise ValueError("a contiguous stream cannot blend corpora by weight; set data.sources[].weight=1.0")
+        raise InputError("a contiguous stream cannot blend corpora by weight; set data.sources[].weight=1.0")
     dirs = prepared_dirs(run, tokenizer)
     train = split_tokens(dirs, "train")
     if run.trainer.limit_val_batches == 0:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from pretrain.config import OptimConfig, RunConfig
+from pretrain.errors import InputError
 from pretrain.objectives.base import Objective
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.training.optim import build_optimizer, build_scheduler
@@ -109,7 +110,7 @@ def check_same_model(saved: dict[str, Tensor], current: dict[str, Tensor], path:
         if k not in saved or k not in current or saved[k].shape != current[k].shape
     )
     if differ:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path} holds another model ({len(differ)} weights differ, e.g. {differ[0]}); resume with "
             f"the recipe it was trained with, or start fresh (resume=null, or another name)"
         )

@@ -11,22 +11,47 @@ from pretrain.baselines.config import load_config
 from pretrain.baselines.lstm_lm import run_rnn_lm
 from pretrain.baselines.seq2seq import run_seq2seq
 from pretrain.baselines.word_vectors import run_glove, run_sgns
+from pretrain.datamodules.storage import atomic_write_text
+from pretrain.errors import InputError
 
 RUNS = {"sgns": run_sgns, "glove": run_glove, "rnn_lm": run_rnn_lm, "seq2seq": run_seq2seq}
+# baselines that read the token stream across document boundaries (a recurrent state, context windows)
+STREAM_KINDS = {
+    "sgns": "its context windows",
+    "glove": "its co-occurrence windows",
+    "rnn_lm": "a recurrent LM's state",
+}
+
+
+def check_document_mask(run: Any, kind: str) -> None:
+    """``InputError`` when ``data.document_mask`` asks a baseline to keep documents apart that it cannot."""
+    if run.data.document_mask and kind in STREAM_KINDS:
+        raise InputError(
+            f"baseline {kind} cannot honour data.document_mask: {STREAM_KINDS[kind]} run across document "
+            "boundaries; set data.document_mask=false"
+        )
 
 
 def run_recipe(recipe: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train and evaluate a baseline recipe; returns (and writes to ``<run_dir>/results.json``) its results."""
-    import lightning as L
+    from pretrain.datamodules.storage import run_lock
 
     run, baseline, resolved = load_config(recipe, overrides)
+    check_document_mask(run, baseline.kind)
+    with run_lock(run.run_dir, "`pretrain baseline`"):  # one writer of the run's checkpoints and results
+        return _run(run, baseline, resolved)
+
+
+def _run(run: Any, baseline: Any, resolved: dict[str, Any]) -> dict[str, Any]:
+    import lightning as L
+
     L.seed_everything(
         run.seed, verbose=False
     )  # before the baseline builds its model: the seed fixes the init
     results = {"name": run.name, "kind": baseline.kind, **RUNS[baseline.kind](run, baseline, resolved)}
     path = Path(run.run_dir) / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=_json_default))
+    atomic_write_text(path, json.dumps(results, indent=2, default=_json_default))
     return results
 
 

@@ -23,6 +23,8 @@ from pretrain.baselines.heatmaps import alignment, save_alignment, token_labels
 from pretrain.baselines.module import BaselineModule, fit, token_sums, val_metrics
 from pretrain.config import RunConfig
 from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, special_token_id
+from pretrain.datamodules.tokenizer import TextEncoder
+from pretrain.errors import InputError
 from pretrain.models.rnn import Seq2SeqRNN
 from pretrain.models.word_vectors import (
     word_tokenizer,
@@ -67,7 +69,7 @@ class ParallelData(L.LightningDataModule):
     ):
         super().__init__()
         if not train:
-            raise ValueError("no training pairs (all empty or longer than max_length?)")
+            raise InputError("no training pairs (all empty or longer than max_length?)")
         self.train, self.val, self.batch_size, self.seed, self.ids = train, val, batch_size, seed, ids
 
     def _collate(self, examples: list[Example]) -> dict[str, Tensor]:
@@ -112,11 +114,11 @@ def parallel_examples(
 ) -> list[Example]:
     """Line-aligned ``[source, target]`` files -> examples (long pairs dropped, or truncated for evaluation)."""
     if len(files) != 2:
-        raise ValueError(f"parallel data needs [source file, target file], got {list(files)}")
+        raise InputError(f"parallel data needs [source file, target file], got {list(files)}")
     src, tgt = read_lines(files[0]), read_lines(files[1])
     if len(src) != len(tgt):
-        raise ValueError(f"{files[0]} has {len(src)} lines but {files[1]} has {len(tgt)}; they must align")
-    encode = lambda lines: [e.ids for e in tokenizer.encode_batch(lines, add_special_tokens=False)]
+        raise InputError(f"{files[0]} has {len(src)} lines but {files[1]} has {len(tgt)}; they must align")
+    encode = TextEncoder(tokenizer)  # special-token strings in the lines stay text
     out = []
     for s, t, ref in zip(encode(src), encode(tgt), tgt):
         if not s or not t or (drop_long and max(len(s), len(t)) > max_length):

@@ -20,14 +20,22 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import inspect
+import math
+import os
+import re
+import shlex
 import types
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from pretrain.errors import InputError
 
 
 def shipped_dir(name: str) -> Path:
@@ -37,6 +45,8 @@ def shipped_dir(name: str) -> Path:
     return package / name if (package / name).is_dir() else package.parent / name
 
 
+OVERRIDES_VARIABLE = "PRETRAIN_OVERRIDES"  # overrides appended to every recipe command's (e.g. a smoke run)
+SHARED_DATA_VARIABLE = "PRETRAIN_SHARED_DATA"  # where the shipped pieces' data paths point
 CONFIG_DIR = shipped_dir("configs")
 RECIPE_DIR = shipped_dir("recipes")
 SHIPPED = {"pretrain.configs": CONFIG_DIR, "pretrain.recipes": RECIPE_DIR}
@@ -49,8 +59,33 @@ def _package_dir(name: str) -> str:
         return str(SHIPPED[name])
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"package {name!r} is not installed (needed by ${{pkg:{name}}}); pip install it")
+        raise InputError(f"package {name!r} is not installed (needed by ${{pkg:{name}}}); pip install it")
     return str(Path(spec.submodule_search_locations[0]))
+
+
+# OmegaConf (>= 2.4) refuses YAML of more than 10,000 nodes, a guard against alias bombs ("billion laughs") that
+# also refuses a recipe listing 12,000 input files; its other guard, aliases expanding a document more than 100x,
+# still applies. Real recipes have no aliases: the node limit only needs to bound memory.
+YAML_NODE_LIMIT = 50_000_000
+_YAML_LIMIT = (
+    {"max_yaml_expanded_nodes": YAML_NODE_LIMIT}
+    if "max_yaml_expanded_nodes" in inspect.signature(OmegaConf.load).parameters
+    else {}
+)
+
+
+def load_yaml(path: str | Path, what: str = "recipe") -> Any:
+    """``OmegaConf.load`` of a recipe, piece or task file (``what``) of any length: a YAML mapping of UTF-8 text."""
+    try:
+        loaded = OmegaConf.load(path, **_YAML_LIMIT)
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{path} is not a YAML text file ({err.reason} at byte {err.start}: not UTF-8); a {what} is text"
+        ) from None
+    if not OmegaConf.is_dict(loaded):
+        shape = "a list" if OmegaConf.is_list(loaded) else type(loaded).__name__
+        raise InputError(f"{path}: a {what} is a YAML mapping (key: value lines), got {shape}")
+    return loaded
 
 
 if not OmegaConf.has_resolver("pkg"):
@@ -78,6 +113,10 @@ def resolve_recipe(recipe: str | Path) -> Path:
     path = Path(recipe)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise InputError(
+            f"recipe {recipe} is a directory; give a recipe YAML file in it, e.g. {path / 'gpt-tiny.yaml'}"
+        )
     shipped = RECIPE_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
     if path.parent in (Path("."), Path("recipes")) and shipped.is_file():
         return shipped
@@ -92,31 +131,35 @@ def compose(
     plain dict."""
     recipe = resolve_recipe(recipe)
     try:
-        body = OmegaConf.load(recipe)
+        body = load_yaml(recipe)
+        if not body:  # every key at its default is no recipe: a file emptied or cut short by mistake
+            raise InputError(
+                f"recipe {recipe} is empty; give a recipe with its keys (e.g. {RECIPE_DIR / 'gpt-tiny.yaml'})"
+            )
         pieces = []
         for ref in body.pop("defaults", []) or []:
             group = Path(ref).parts[0]
             path = _piece_path(ref, recipe.parent, config_dir)
             if path.resolve() == recipe.resolve():
-                raise ValueError(
+                raise InputError(
                     f"{recipe}: its defaults list the recipe itself ({ref!r}); remove it (defaults name config "
                     f"pieces, e.g. model/gpt-tiny)"
                 )
-            pieces.append(OmegaConf.create({group: OmegaConf.load(path)}))
+            pieces.append(OmegaConf.create({group: load_yaml(path, "config piece")}))
         merged = OmegaConf.create({})
         for piece in [*pieces, body]:
             clash = _shape_clash(merged, piece)
             if clash:
-                raise ValueError(
+                raise InputError(
                     f"cannot compose {recipe}: {clash} is a list in one place and a mapping in another; write it "
                     f"as the pieces do (data.sources is a YAML list: sources: [{{name: ..., text: [...]}}])"
                 )
             merged = OmegaConf.merge(merged, piece)
         return apply_overrides(merged, overrides)
     except (OmegaConfBaseException, TypeError) as err:
-        raise ValueError(f"cannot compose {recipe}: {one_line(err)}") from err
+        raise InputError(f"cannot compose {recipe}: {one_line(err)}") from err
     except yaml.YAMLError as err:
-        raise ValueError(f"cannot compose {recipe}: {yaml_problem(err)}") from err
+        raise InputError(f"cannot compose {recipe}: {yaml_problem(err)}") from err
 
 
 def yaml_problem(err: yaml.YAMLError) -> str:
@@ -124,7 +167,7 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None)
     where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return f"invalid YAML in {where}: {problem}"
+    return f"invalid YAML in {where}: {problem.split('. See ')[0]}"  # not the loader's advice to its caller
 
 
 def one_line(err: BaseException) -> str:
@@ -183,33 +226,86 @@ def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
             parent, _, leaf = item[1:].rpartition(".")
             node = OmegaConf.select(merged, parent) if parent else merged
             if node is None or leaf not in node:
-                raise ValueError(f"override {item!r}: there is no {item[1:]!r} to delete")
+                raise InputError(f"override {item!r}: there is no {item[1:]!r} to delete")
             node.pop(leaf)
             continue
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")
+            raise InputError(f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)")
         problem = _list_address(merged, key)
         if problem:
-            raise ValueError(f"override {item!r}: {problem}")
+            raise InputError(f"override {item!r}: {problem}")
         try:
             # ${...} stays an interpolation, resolved against the whole config below
             parsed = value if "${" in value else OmegaConf.from_dotlist([f"v={value}"]).v
             existing = OmegaConf.select(merged, key, default=None)
             if OmegaConf.is_list(existing) and (isinstance(parsed, dict) or OmegaConf.is_dict(parsed)):
-                raise ValueError(
+                raise InputError(
                     f"override {item!r}: {key} is a list; give a list ({key}=[{{...}}]) or set one item's field "
                     f"({key}.0.FIELD=VALUE)"
                 )
             OmegaConf.update(merged, key, parsed, merge=True)
         except OmegaConfBaseException as err:
-            raise ValueError(f"override {item!r}: {one_line(err)}") from err
+            raise InputError(f"override {item!r}: {one_line(err)}") from err
+        except yaml.YAMLError as err:  # the value's own YAML, not the recipe's
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise InputError(
+                f"override {item!r}: the value is not valid YAML ({problem}); quote it to pass it as text "
+                f"({key}='\"...\"') or complete it (lists [a, b], mappings {{k: v}})"
+            ) from err
     try:
         return OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as err:
-        raise ValueError(
+        raise InputError(
             f"cannot resolve {one_line(err)} (an interpolation ${{a.b}} names a config key, e.g. ${{model.d_model}})"
         ) from err
+
+
+def did_you_mean(given: str, choices: list[str], n: int = 1, cutoff: float = 0.6, quote: bool = False) -> str:
+    """``; did you mean X?`` for the choices closest to ``given`` (or ``""``). A name holding characters that are
+    not ASCII (a Cyrillic ``ѕ`` for ``s``, a zero-width space) looks like its suggestion: they are named."""
+    close = [repr(c) if quote else c for c in difflib.get_close_matches(given, choices, n=n, cutoff=cutoff)]
+    hint = f"did you mean {' / '.join(close)}?" if close else ""
+    odd = [(i, c) for i, c in enumerate(given) if not c.isascii() or not c.isprintable()]
+    if not odd:
+        return f"; {hint}" if hint else ""
+    chars = ", ".join(
+        f"{c!r} (U+{ord(c):04X} {unicodedata.name(c, 'unnamed character')}) at position {i + 1}"
+        for i, c in odd[:3]
+    )
+    return f"; {given!r} holds character(s) that only look like plain ones: {chars}; retype it" + (
+        f" ({hint})" if hint else ""
+    )
+
+
+def shared_data() -> str | None:
+    """The default ``data_root`` of task files: ``$PRETRAIN_SHARED_DATA``, else none (the recipe or
+    ``--data-root`` names it; only the shipped config pieces fall back to a directory of their own)."""
+    return os.environ.get(SHARED_DATA_VARIABLE)
+
+
+def environment_overrides() -> list[str]:
+    """The ``key=value`` overrides of ``$PRETRAIN_OVERRIDES`` (split as a shell splits words)."""
+    text = os.environ.get(OVERRIDES_VARIABLE, "")
+    try:
+        return shlex.split(text)
+    except ValueError as err:
+        raise InputError(
+            f"{OVERRIDES_VARIABLE}={text!r}: {str(err)[:1].lower()}{str(err)[1:]}; it is split into key=value words "
+            "as a shell splits them: close the quote (or escape it with a backslash)"
+        ) from None
+
+
+def blame_environment(err: InputError, from_environment: list[str]) -> InputError:
+    """``err`` naming where an override of ``$PRETRAIN_OVERRIDES`` it is about came from (else ``err``)."""
+    text = str(err)
+    for item in from_environment:
+        key = item.lstrip("~").partition("=")[0]
+        if item in text or (key and re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", text)):
+            return InputError(
+                f"{text} (from {OVERRIDES_VARIABLE}={os.environ.get(OVERRIDES_VARIABLE, '')!r})"
+            )
+    return err
 
 
 def _type_name(tp: Any) -> str:
@@ -228,24 +324,23 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
         for arg in options:
             try:
                 return check_type(value, arg, path)
-            except ValueError:
+            except InputError:
                 continue
-        raise ValueError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        raise InputError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     if origin is Literal:
         if value in args or (isinstance(value, int) and str(value) in args):
             return value if value in args else str(value)
-        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"{path}: {value!r} is not one of {list(args)}{hint}")
+        hint = did_you_mean(str(value), [str(a) for a in args], quote=True)
+        raise InputError(f"{path}: {value!r} is not one of {list(args)}{hint}")
     if dataclasses.is_dataclass(tp):
         return structured(tp, value, path)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{path}: expected a list, got {value!r}")
+            raise InputError(f"{path}: expected a list, got {value!r}")
         return [check_type(v, args[0] if args else Any, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"{path}: expected a mapping, got {value!r}")
+            raise InputError(f"{path}: expected a mapping, got {value!r}")
         return {k: check_type(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
@@ -257,6 +352,8 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isnan(value):  # every comparison with nan is false: no bound check would catch it
+                raise InputError(f"{path}: expected a number, got nan")
             return float(value)
     elif tp is str:
         if isinstance(value, str):
@@ -265,34 +362,48 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
             return str(value)  # YAML reads an unquoted `32` as a number
     else:
         raise TypeError(f"{path}: unsupported schema type {tp!r}")
-    raise ValueError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    raise InputError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def check_counts(**values: int) -> None:
+    """ValueError unless every value is an integer >= 1 (window, negatives, min_count, ...)."""
+    meaning = {"window": " (context words on each side)", "negatives": " (k noise words per example)"}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name}{meaning.get(name, '')} must be an integer >= 1, got {value!r}")
 
 
 def check_run_name(name: str) -> None:
     """A run name is one path component (it names ``runs/<name>``); ``run_dir`` places a run anywhere."""
-    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(
-            f"name {name!r} must be a plain run name (no '/', '\\' or '..': it names the directory "
-            f"runs/<name>); to write the run elsewhere set run_dir=PATH"
+    if not name or name in (".", "..") or any(c in name for c in "/\\") or not name.isprintable():
+        raise InputError(
+            f"name {name!r} must be a plain run name (no '/', '\\', '..' or control characters such as a line "
+            f"break: it names the directory runs/<name>); to write the run elsewhere set run_dir=PATH"
         )
 
 
 def structured(cls: type, node: Any, path: str = "") -> Any:
     """Dataclass ``cls`` from a plain dict, every key and type checked (see the module docstring)."""
     if not isinstance(node, dict):
-        raise ValueError(f"{path or 'config'}: expected a mapping of {cls.__name__} fields, got {node!r}")
+        keys = ", ".join(sorted(f.name for f in dataclasses.fields(cls))[:4])
+        raise InputError(
+            f"{path or 'config'}: expected a section of key: value settings ({keys}, ...), got {node!r}"
+        )
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     for key in node:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), sorted(fields), n=3, cutoff=0.5)
             where = f"{path}.{key}" if path else str(key)
-            hint = f"; did you mean {' / '.join(close)}?" if close else ""
-            raise ValueError(
+            hint = did_you_mean(str(key), sorted(fields), n=3, cutoff=0.5)
+            raise InputError(
                 f"unknown config key {key!r} at {where}{hint} (valid keys of {path or 'the run'}: {sorted(fields)})"
             )
     kwargs = {k: check_type(v, hints[k], f"{path}.{k}" if path else k) for k, v in node.items()}
     try:
         return cls(**kwargs)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path or 'config'}: {err}") from err
+    except (TypeError, InputError) as err:  # the dataclass's own checks name its fields as ``Class.field``
+        text = str(err)
+        named = path and f"{cls.__name__}." in text
+        raise InputError(
+            text.replace(f"{cls.__name__}.", f"{path}.") if named else f"{path or 'config'}: {text}"
+        ) from err

@@ -13,12 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pretrain.config.compose import check_run_name, check_type, compose, structured
+from pretrain.config.compose import check_run_name, check_type, compose, shared_data, structured
 from pretrain.datamodules.corpus import document_mode
+from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
+from pretrain.parallel.mesh import parallel_problems
 
 ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
+# what a resume may find changed when resume_allow lists it (pretrain.training.setup.FIT_RESUME,
+# pretrain.finetuning.checkpoint.FINETUNE_RESUME)
+ResumeChange = Literal["tokenizer", "data", "objective", "optimizer", "lr_schedule", "data_schedule", "batch"]
+FinetuneResumeChange = Literal["data", "optimizer", "lr_schedule"]
 
 
 @dataclass
@@ -90,6 +96,8 @@ class DataConfig:
     num_workers: int = 0
     val_fraction: float = 0.05  # documents held out by `pretrain prepare`
     on_invalid_utf8: Literal["error", "replace", "skip"] = "error"  # lines that are not UTF-8 (prepare)
+    # every objective keeps the documents packed into a sample apart (attention, positions, per-document noise)
+    document_mask: bool = True
 
 
 @dataclass
@@ -198,6 +206,13 @@ class StrategyConfig:
     ddp: DDPConfig = field(default_factory=DDPConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    # ranks that split every layer (heads, MLP width, vocabulary; DTensor, strategy fsdp only): trainer.devices
+    # = data-parallel ranks x tensor_parallel per node (pretrain.parallel.mesh)
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False  # with tensor_parallel: norms and dropout on a slice of the sequence
+    # ranks that split every sequence (load-balanced chunks, K/V all-gathered; strategy fsdp only): trainer.devices
+    # = data-parallel ranks x context_parallel x tensor_parallel per node (pretrain.parallel.context)
+    context_parallel: int = 1
 
 
 @dataclass
@@ -227,6 +242,8 @@ class CheckpointConfig:
     mode: Literal["min", "max"] | None = (
         None  # None: from the metric's name (loss, ppl: min; accuracy, f1: max)
     )
+    # write checkpoints in the background (torch.distributed.checkpoint directories; training goes on meanwhile)
+    async_save: bool = False
 
 
 LOWER_IS_BETTER = frozenset({"loss", "ppl", "perplexity", "nll", "bpb", "bpc", "error", "err", "wer", "cer"})
@@ -250,6 +267,13 @@ HIGHER_IS_BETTER = frozenset(
 )
 
 
+ASYNC_DEEPSPEED = (
+    "checkpoint.async_save=true is not supported with strategy deepspeed (its engine writes its own checkpoint "
+    "files in the training step; DeepSpeed's decoupled writer needs its async_io op: CUDA and libaio); use "
+    "strategy.name=fsdp or ddp, or checkpoint.async_save=false"
+)
+
+
 def shared_problems(t: TrainerConfig, c: CheckpointConfig) -> list[str]:
     """Bounds of the ``trainer`` and ``checkpoint`` fields that `pretrain fit` and `pretrain finetune` check
     alike, one line each."""
@@ -268,6 +292,12 @@ def shared_problems(t: TrainerConfig, c: CheckpointConfig) -> list[str]:
     return problems
 
 
+def check_resume_path(run: RunConfig) -> None:
+    """``resume``, when a path, names a checkpoint that exists."""
+    if run.resume not in (None, "auto") and not Path(run.resume).exists():
+        raise FileNotFoundError(f"resume={run.resume}: no such checkpoint (use resume=auto or resume=null)")
+
+
 def check_checkpoint(c: CheckpointConfig) -> None:
     """``checkpoint.mode`` set when unset, from the monitored metric's name; ValueError when the name does not
     tell whether higher or lower is better."""
@@ -277,7 +307,7 @@ def check_checkpoint(c: CheckpointConfig) -> None:
     words = {leaf, *leaf.replace("-", "_").split("_")}
     lower, higher = bool(words & LOWER_IS_BETTER), bool(words & HIGHER_IS_BETTER)
     if lower == higher:
-        raise ValueError(
+        raise InputError(
             f"checkpoint.mode: cannot tell from the name whether a higher or lower {c.monitor!r} is better; set "
             "checkpoint.mode=max or checkpoint.mode=min"
         )
@@ -341,8 +371,42 @@ class EvalDuringFitConfig:
     limit: int | None = None  # first N examples (documents) per task
     num_fewshot: int | None = None  # overrides every task's num_fewshot
     batch_size: int = 16  # sequences per forward pass (per rank)
-    data_root: str | None = None  # fills ${data_root} in task files
+    data_root: str | None = field(default_factory=shared_data)  # fills ${data_root} in task files
     seed: int = 1234  # few-shot sampler seed (lm-eval's default)
+
+
+@dataclass
+class EMAConfig:
+    """The weights' exponential moving average (``pretrain.training.ema``): off while ``decay`` is null."""
+
+    decay: float | None = None  # in (0, 1): ema <- decay * ema + (1 - decay) * weights
+    every_n_steps: int = 1  # optimizer steps between updates
+    start_step: int = 0  # the first update copies the weights
+
+
+def ema_problems(e: EMAConfig) -> list[str]:
+    problems = []
+    if e.decay is not None and not 0.0 < e.decay < 1.0:
+        problems.append(
+            f"ema.decay must be in (0, 1) (e.g. 0.999: an average over ~1000 updates), got {e.decay}; "
+            "or ema.decay=null to turn the EMA off"
+        )
+    if e.every_n_steps < 1:
+        problems.append(f"ema.every_n_steps must be >= 1, got {e.every_n_steps}")
+    if e.start_step < 0:
+        problems.append(f"ema.start_step must be >= 0, got {e.start_step}")
+    return problems
+
+
+@dataclass
+class InitConfig:
+    """Starting weights of a fresh run (continued pretraining, context extension): ``checkpoint``, a `pretrain fit`
+    checkpoint file or sharded directory. Weights only: step, optimizer, learning-rate schedule and data start
+    anew. The model may differ from the checkpoint's where the weights do not (``rope_scaling``, ``rope_theta``,
+    ``max_seq_len`` of a rotary model, the attention pattern, run-time fields); the tokenizer must be the same.
+    A run that resumes ignores it (its own checkpoint holds the newer weights)."""
+
+    checkpoint: str | None = None
 
 
 @dataclass
@@ -351,9 +415,10 @@ class RunConfig:
     seed: int = 1337
     run_dir: str | None = None  # default: runs/<name>
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
-    # resume although these differ from the checkpoint's (the warning says what happens)
-    resume_allow: list[Literal["data", "tokenizer"]] = field(default_factory=list)
+    # resume although these differ from the checkpoint's (the warning says what happens; docs/long-runs.md)
+    resume_allow: list[ResumeChange] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
+    init: InitConfig = field(default_factory=InitConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -364,6 +429,10 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     eval_during_fit: EvalDuringFitConfig = field(default_factory=EvalDuringFitConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    # a scaling-law ladder's sizes and budgets, read by `pretrain ladder` (pretrain.ladder.config checks it);
+    # the other verbs train, tokenize and prepare the recipe as it is
+    ladder: dict[str, Any] | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -415,11 +484,26 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     problems.extend(shared_problems(t, run.checkpoint))
     if run.data.micro_batch_size < 1 or run.data.seq_len < 1:
         problems.append("data.micro_batch_size and data.seq_len must be >= 1")
+    if run.data.num_workers < 0:
+        problems.append(f"data.num_workers must be >= 0, got {run.data.num_workers}")
+    if not 0 <= run.data.val_fraction < 1:
+        problems.append(f"data.val_fraction must be in [0, 1), got {run.data.val_fraction}")
+    if not 0 <= run.seed < 2**32:
+        problems.append(f"seed must be in [0, 2**32) (numpy's seeds), got {run.seed}")
+    bad_weights = [
+        i for i, s in enumerate(run.data.sources) if not (math.isfinite(s.weight) and s.weight > 0)
+    ]
+    if bad_weights:
+        problems.append(
+            f"data.sources[{bad_weights[0]}].weight must be a finite number > 0 (a blend weight), got "
+            f"{run.data.sources[bad_weights[0]].weight}"
+        )
     if run.data.seq_len > run.model.max_seq_len:
         problems.append(
             f"data.seq_len={run.data.seq_len} exceeds model.max_seq_len={run.model.max_seq_len}; "
             "lower data.seq_len or raise model.max_seq_len"
         )
+    problems += _window_problems(run.model, run.data.seq_len)
     if not run.data.sources:
         problems.append("data.sources is empty; list at least one corpus")
     _collect(problems, _check_objective, run.objective)
@@ -428,29 +512,49 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     for i, source in enumerate(run.data.sources):
         try:
             document_mode(source.document)
-        except ValueError as err:
+        except InputError as err:
             problems.append(f"data.sources[{i}].{err}")
     _collect(problems, _check_sources, run.data.sources)
     _collect(problems, _check_schedule, run.data, run.trainer.max_steps)
-    problems += optim_problems(run.optim) + _muon_problems(run) + _guards_problems(run.guards)
+    problems += optim_problems(run.optim) + _guards_problems(run.guards)
+    problems += muon_problems(run.optim, run.strategy.name, run.model.parametrization)
+    problems += parallel_problems(run)
     _collect(problems, _check_eval_during_fit, run.eval_during_fit)
+    if run.strategy.name == "deepspeed" and run.checkpoint.async_save:
+        problems.append(ASYNC_DEEPSPEED)
+    problems += ema_problems(run.ema)
     if run.strategy.name == "deepspeed" and run.guards.spike.enabled:
         problems.append(
             "guards.spike is not supported with strategy deepspeed (its engine owns the optimizer state); "
             "set guards.spike.enabled=false or use strategy ddp / fsdp"
         )
     if len(problems) > 1:
-        raise ValueError(f"{len(problems)} problems in the config: " + "; ".join(problems))
+        raise InputError(f"{len(problems)} problems in the config: " + "; ".join(problems))
     if problems:
-        raise ValueError(problems[0])
+        raise InputError(problems[0])
     return run
 
 
+def _window_problems(model: ModelConfig, seq_len: int) -> list[str]:
+    """A window that spans every sample (w >= data.seq_len: every |q - k| < w) restricts nothing: the layers it
+    is meant to keep local would attend globally."""
+    return [
+        f"model.{name}={w} is not smaller than data.seq_len={seq_len}: every pair of positions is within the window, "
+        f"so those layers attend globally; lower model.{name} below {seq_len} or set it to 0 for global attention"
+        + (" (and model.global_attn_every_n_layers=1)" if name == "local_attention_window" else "")
+        for name, w in (
+            ("attention_window", model.attention_window),
+            ("local_attention_window", model.local_attention_window),
+        )
+        if w >= seq_len
+    ]
+
+
 def _collect(problems: list[str], check: Any, *args: Any) -> None:
-    """Run ``check(*args)``; the message of each ``ValueError`` it raises goes to ``problems``."""
+    """Run ``check(*args)``; the message of each ``InputError`` it raises goes to ``problems``."""
     try:
         check(*args)
-    except ValueError as err:
+    except InputError as err:
         problems.append(str(err))
 
 
@@ -460,14 +564,14 @@ def _check_sources(sources: list[SourceConfig]) -> None:
     dirs: dict[Path, int] = {}
     for i, source in enumerate(sources):
         if source.name in names:
-            raise ValueError(
+            raise InputError(
                 f"data.sources[{i}].name={source.name!r} is also data.sources[{names[source.name]}]'s; "
                 "give every source its own name"
             )
         names[source.name] = i
         where = Path(source.prepared).expanduser().resolve()
         if where in dirs:
-            raise ValueError(
+            raise InputError(
                 f"data.sources[{i}].prepared={source.prepared!r} is also data.sources[{dirs[where]}]'s prepared "
                 "directory: the second `prepare` would overwrite the first; give each source its own directory"
             )
@@ -482,26 +586,26 @@ def _check_schedule(data: DataConfig, max_steps: int) -> None:
     for i, phase in enumerate(data.schedule.phases):
         where = f"data.schedule.phases[{i}]"
         if i == 0 and phase.start != 0:
-            raise ValueError(f"{where}.start={phase.start}: the first phase must start at step 0")
+            raise InputError(f"{where}.start={phase.start}: the first phase must start at step 0")
         if previous is not None and phase.start <= previous:
-            raise ValueError(
+            raise InputError(
                 f"{where}.start={phase.start} is not after phases[{i - 1}].start={previous}: phases must be listed "
                 "in increasing step order, each starting where the previous one ends (no overlap)"
             )
         if phase.start >= max_steps:
-            raise ValueError(
+            raise InputError(
                 f"{where}.start={phase.start} is past the run's end (trainer.max_steps={max_steps}); drop the "
                 "phase or raise trainer.max_steps"
             )
         unknown = sorted(set(phase.weights) - set(names))
         if unknown:
-            raise ValueError(f"{where}.weights names unknown source(s) {unknown}; data.sources are {names}")
+            raise InputError(f"{where}.weights names unknown source(s) {unknown}; data.sources are {names}")
         bad = {k: v for k, v in phase.weights.items() if not (math.isfinite(v) and v >= 0)}
         if bad:
-            raise ValueError(f"{where}.weights must be >= 0, got {bad}")
+            raise InputError(f"{where}.weights must be >= 0, got {bad}")
         total = sum(phase.weights.values())
         if abs(total - 1) > 1e-6:
-            raise ValueError(f"{where}.weights sum to {total:g}, not 1: {dict(phase.weights)}")
+            raise InputError(f"{where}.weights sum to {total:g}, not 1: {dict(phase.weights)}")
         previous = phase.start
 
 
@@ -524,10 +628,15 @@ def _check_objective(o: ObjectiveConfig) -> None:
     """The options are the objective's (``pretrain.objectives.check_options``), of their annotated types."""
     from pretrain import objectives
 
+    if "document_masking" in o.options:
+        raise InputError(
+            "objective.options.document_masking was replaced by data.document_mask (document boundaries now come "
+            "from the prepared corpus, for every objective); drop the option and set data.document_mask"
+        )
     try:
         objectives.check_options(o.name, o.options)
-    except ValueError as err:
-        raise ValueError(
+    except InputError as err:
+        raise InputError(
             f"objective.options: {err} (an option from another objective's piece: drop them with ~objective.options)"
         ) from None
     hints = typing.get_type_hints(objectives.OBJECTIVES[o.name].__init__)
@@ -541,7 +650,7 @@ def _check_objective(o: ObjectiveConfig) -> None:
 def check_optim(o: OptimConfig) -> None:
     """``ValueError`` listing every out-of-range ``optim`` field (pretraining and finetuning alike)."""
     if failing := optim_problems(o):
-        raise ValueError("; ".join(failing))
+        raise InputError("; ".join(failing))
 
 
 def _check_float8(run: RunConfig) -> None:
@@ -551,28 +660,31 @@ def _check_float8(run: RunConfig) -> None:
     t = run.trainer
     on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
     if not on_gpu:
-        raise ValueError(
+        raise InputError(
             "trainer.float8=true needs CUDA GPUs with float8 tensor cores (H100/H200/B200/L4/L40S/RTX 4090, "
             "compute capability >= 8.9); this run is on the CPU, which has none: set trainer.float8=false"
         )
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
-        raise ValueError(
+        raise InputError(
             f"trainer.float8=true needs compute capability >= 8.9, {torch.cuda.get_device_name()} has "
             f"{'.'.join(map(str, torch.cuda.get_device_capability()))}: set trainer.float8=false"
         )
     if not t.precision.startswith("bf16"):
-        raise ValueError(
+        raise InputError(
             f"trainer.float8=true computes around bf16: set trainer.precision=bf16-mixed, not {t.precision}"
         )
     if run.strategy.name == "deepspeed":
-        raise ValueError("trainer.float8=true composes with strategy auto, ddp or fsdp, not deepspeed")
+        raise InputError("trainer.float8=true composes with strategy auto, ddp or fsdp, not deepspeed")
 
 
 def optim_problems(o: OptimConfig) -> list[str]:
     checks = [
-        (o.lr > 0, f"optim.lr must be > 0, got {o.lr}"),
-        (o.eps > 0, f"optim.eps must be > 0, got {o.eps}"),
-        (o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}"),
+        (0 < o.lr < math.inf, f"optim.lr must be a finite number > 0, got {o.lr}"),
+        (0 < o.eps < math.inf, f"optim.eps must be a finite number > 0, got {o.eps}"),
+        (
+            0 <= o.weight_decay < math.inf,
+            f"optim.weight_decay must be a finite number >= 0, got {o.weight_decay}",
+        ),
         (
             len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
             f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}",
@@ -587,8 +699,8 @@ def optim_problems(o: OptimConfig) -> list[str]:
     return [message for ok, message in checks if not ok]
 
 
-def _muon_problems(run: RunConfig) -> list[str]:
-    o = run.optim
+def muon_problems(o: OptimConfig, strategy: str, parametrization: str = "standard") -> list[str]:
+    """``optim.muon`` out of range, or Muon where it cannot run (pretraining and finetuning alike)."""
     if o.name != "muon":
         return []
     import torch
@@ -601,12 +713,12 @@ def _muon_problems(run: RunConfig) -> list[str]:
             f"optim.muon needs lr > 0, momentum in [0, 1), ns_steps in [1, 99], weight_decay >= 0; got lr={m.lr}, "
             f"momentum={m.momentum}, ns_steps={m.ns_steps}, weight_decay={m.weight_decay}"
         )
-    if run.strategy.name == "deepspeed":
+    if strategy == "deepspeed":
         problems.append(
             "optim.name=muon is not supported with strategy deepspeed (ZeRO flattens and partitions parameters; "
             "Newton-Schulz needs whole matrices); use strategy ddp or fsdp"
         )
-    if run.model.parametrization == "mup" and m.adjust_lr != "original":
+    if parametrization == "mup" and m.adjust_lr != "original":
         problems.append(
             "optim.muon.adjust_lr=match_rms_adamw grows the update with width (0.2 sqrt(max(out, in))), which "
             "breaks muP transfer; use adjust_lr=original with model.parametrization=mup"
@@ -648,12 +760,14 @@ def _check_eval_during_fit(e: EvalDuringFitConfig) -> None:
         ("num_fewshot", e.num_fewshot, 0),
     ):
         if value is not None and value < low:
-            raise ValueError(f"eval_during_fit.{name} must be >= {low}, got {value}")
+            raise InputError(f"eval_during_fit.{name} must be >= {low}, got {value}")
+    if twice := sorted({t for t in e.tasks if e.tasks.count(t) > 1}):
+        raise InputError(f"eval_during_fit.tasks lists {twice} twice; list each task once")
     for name in e.tasks:
         try:
             resolve_task_file(name)
         except FileNotFoundError as err:
-            raise ValueError(f"eval_during_fit.tasks: {err}") from None
+            raise InputError(f"eval_during_fit.tasks: {err}") from None
 
 
 def load(recipe: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:

@@ -13,11 +13,31 @@ windows), ``models`` (our Transformer / checkpoints -> ``LMScorer``), ``runner``
 arguments), ``lm_eval_adapter`` (lm-eval model ``"pretrain"``; needs ``lm-eval``).
 """
 
-from .models import load_model_and_tokenizer, load_scorer, scorer_from_model
-from .runner import evaluate, evaluate_task, format_table, log_to_wandb, save_results
-from .scoring import LMScorer, UnsupportedModelError
-from .tasks import TaskConfig, load_examples, load_task
+import importlib
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from .models import load_model_and_tokenizer, load_scorer, scorer_from_model
+    from .runner import evaluate, evaluate_task, format_table, log_to_wandb, save_results
+    from .scoring import LMScorer, UnsupportedModelError
+    from .tasks import TaskConfig, load_examples, load_task
+
+# name -> module: imported on first use, so that `pretrain evaluate` checks its config before torch is imported
+_EXPORTS = {
+    "LMScorer": "scoring",
+    "TaskConfig": "tasks",
+    "UnsupportedModelError": "scoring",
+    "evaluate": "runner",
+    "evaluate_task": "runner",
+    "format_table": "runner",
+    "load_examples": "tasks",
+    "load_model_and_tokenizer": "models",
+    "load_scorer": "models",
+    "load_task": "tasks",
+    "log_to_wandb": "runner",
+    "save_results": "runner",
+    "scorer_from_model": "models",
+}
 __all__ = [
     "LMScorer",
     "TaskConfig",
@@ -33,3 +53,9 @@ __all__ = [
     "save_results",
     "scorer_from_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

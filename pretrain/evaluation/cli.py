@@ -12,10 +12,10 @@ logged to W&B.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from .config import load_config
+from .config import load_config, load_tasks
 from .prompts import DEFAULT_FEWSHOT_SEED
-from .runner import run_evaluation
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,5 +57,11 @@ def run(args: argparse.Namespace) -> int:
         "wandb_project": args.wandb_project,
         "wandb_run_id": args.wandb_run_id,
     }
-    run_evaluation(load_config(args.target, args.overrides, flags))
+    config = load_config(args.target, args.overrides, flags)
+    if not Path(config.checkpoint).exists():
+        raise FileNotFoundError(f"checkpoint {config.checkpoint} does not exist")
+    tasks = load_tasks(config)  # and their data, in one line each
+    from .runner import run_evaluation  # torch: after the config and the task data are checked
+
+    run_evaluation(config, tasks)
     return 0

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pretrain.config import CONFIG_DIR, apply_overrides, compose, structured
+from pretrain.config.compose import SHARED_DATA_VARIABLE, shared_data
+from pretrain.errors import InputError
 
 from .prompts import DEFAULT_FEWSHOT_SEED
 from .tasks import TaskConfig, load_documents, load_examples, load_task
@@ -25,12 +27,13 @@ class EvalConfig:
     checkpoint: str | None = None
     tokenizer: str | None = None  # default: the checkpoint's own
     tasks: list[str] = field(default_factory=list)  # names in configs/eval/ or task YAML paths
-    data_root: str | None = None  # fills ${data_root} in task files
+    data_root: str | None = field(default_factory=shared_data)  # fills ${data_root} in task files
     num_fewshot: int | None = None  # overrides every task's num_fewshot
     seed: int = DEFAULT_FEWSHOT_SEED  # few-shot sampler seed
     limit: int | None = None  # first N examples (documents) per task
     batch_size: int = 16
     padding_side: Literal["left", "right"] = "right"
+    unpadded: bool = True  # score requests packed into rows without padding (same log-likelihoods)
     device: str = "auto"  # auto: cuda if available, else cpu
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_length: int | None = None  # default: the model's max_seq_len
@@ -65,22 +68,46 @@ def load_config(target: str, overrides: list[str], flags: dict[str, Any]) -> Eva
     raw |= {k: v for k, v in flags.items() if v is not None}
     config = structured(EvalConfig, raw)
     if config.limit is not None and config.limit < 1:
-        raise ValueError(
+        raise InputError(
             f"limit must be >= 1 (the first N examples of each task), got {config.limit}; omit it for all"
         )
     if config.num_fewshot is not None and config.num_fewshot < 0:
-        raise ValueError(f"num_fewshot must be >= 0, got {config.num_fewshot}")
+        raise InputError(f"num_fewshot must be >= 0, got {config.num_fewshot}")
+    if config.batch_size < 1:
+        raise InputError(f"batch_size must be >= 1 (--batch-size), got {config.batch_size}")
+    if config.max_length is not None and config.max_length < 4:
+        raise InputError(f"max_length must be >= 4 tokens (or null: the model's), got {config.max_length}")
     if not config.checkpoint:
-        raise ValueError("no checkpoint: give one (pretrain evaluate CHECKPOINT) or set checkpoint=PATH")
+        raise InputError("no checkpoint: give one (pretrain evaluate CHECKPOINT) or set checkpoint=PATH")
     if not config.tasks:
         known = sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
-        raise ValueError(f"no tasks: pass --tasks NAME[,NAME] (known: {known}) or list tasks in the recipe")
+        raise InputError(f"no tasks: pass --tasks NAME[,NAME] (known: {known}) or list tasks in the recipe")
+    if twice := sorted({t for t in config.tasks if config.tasks.count(t) > 1}):
+        raise InputError(f"tasks {twice} are listed twice (--tasks / tasks); list each task once")
+    for name in config.tasks:
+        resolve_task_file(name)  # an unknown name in one line before anything heavy is imported
     return config
 
 
-def load_tasks(config: EvalConfig) -> list[TaskConfig]:
+def load_tasks(
+    config: EvalConfig, data_root_key: str = "--data-root (data_root in an evaluation recipe)"
+) -> list[TaskConfig]:
     """Task configs (``num_fewshot`` overriding every task but perplexity ones) with their data validated
-    (file:line errors) before any model is loaded."""
+    (file:line errors) before any model is loaded. A task whose files are not found under ``config.data_root``
+    names ``data_root_key``, the setting that gave it."""
+    try:
+        return _load_tasks(config)
+    except (FileNotFoundError, InputError) as err:
+        if "data_root" not in str(err):  # not a task's data (an unknown task name, a malformed task file)
+            raise
+        where = f"data_root={config.data_root}" if config.data_root else "no data_root"
+        raise InputError(
+            f"{err} ({where}: set {data_root_key} to the directory holding the task data, or "
+            f"{SHARED_DATA_VARIABLE})"
+        ) from err
+
+
+def _load_tasks(config: EvalConfig) -> list[TaskConfig]:
     tasks = [load_task(resolve_task_file(name), config.data_root) for name in config.tasks]
     if config.num_fewshot is not None:  # perplexity tasks take no shots
         tasks = [t if t.type == "perplexity" else replace(t, num_fewshot=config.num_fewshot) for t in tasks]

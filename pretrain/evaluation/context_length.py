@@ -16,11 +16,13 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pretrain.errors import InputError
 from pretrain.models.transformer import Transformer
 
 WIKITEXT2_TEST = "lm/wikitext-2/test.txt"
@@ -32,7 +34,7 @@ def position_losses(model: Transformer, tokens: Tensor, context: int, batch_size
     """tokens (N,) -> (context - 1,): mean loss of predicting window token i + 1 from tokens 0..i."""
     n_windows = len(tokens) // context
     if n_windows == 0:
-        raise ValueError(f"the text has {len(tokens)} tokens, fewer than one window of --context {context}")
+        raise InputError(f"the text has {len(tokens)} tokens, fewer than one window of --context {context}")
     windows = tokens[: n_windows * context].view(n_windows, context)
     total = torch.zeros(context - 1, dtype=torch.float64)
     model.eval()
@@ -53,8 +55,20 @@ def by_context(losses: Tensor) -> list[tuple[int, int, float]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def text_tokens(text: str | Path, tokenizer: Any, eos: int, document: str = ARTICLE) -> Tensor:
+    """(N,) ids of the raw text file ``text``: its documents (``document`` convention) each followed by EOS, as
+    ``pretrain prepare`` writes them."""
     from pretrain.datamodules.corpus import Source, iter_documents
+    from pretrain.datamodules.tokenizer import TextEncoder
+
+    ids: list[int] = []
+    encode = TextEncoder(tokenizer)  # as prepare encodes documents: special-token text stays text
+    for doc in iter_documents([Source("text", str(text))], document=document):
+        ids += encode.encode(doc) + [eos]
+    return torch.tensor(ids)
+
+
+def main(argv: list[str] | None = None) -> int:
     from pretrain.datamodules.tokenizer import resolve_eos
     from pretrain.evaluation.models import load_model_and_tokenizer
 
@@ -72,27 +86,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.context < 2 or args.batch_size < 1:
-            raise ValueError(
+            raise InputError(
                 f"--context must be >= 2 and --batch-size >= 1, got {args.context}, {args.batch_size}"
             )
         if not Path(args.text).is_file():
             raise FileNotFoundError(f"--text {args.text} does not exist (pass the path of a raw text file)")
         model, tokenizer, specials = load_model_and_tokenizer(args.checkpoint, args.tokenizer)
         if model.config.arch != "decoder":
-            raise ValueError(
+            raise InputError(
                 f"{args.checkpoint} is an {model.config.arch} model; the loss by context needs a decoder"
             )
         if args.attention is not None:
             model.set_attention(args.attention)
         _, eos = resolve_eos(tokenizer, specials.get("eos_token"))  # each article ends in EOS, as in prepare
-        ids: list[int] = []
-        for doc in iter_documents([Source("text", args.text)], document=args.document):
-            ids += tokenizer.encode(doc, add_special_tokens=False).ids + [eos]
-        tokens = torch.tensor(ids)
+        tokens = text_tokens(args.text, tokenizer, eos, args.document)
         if args.max_windows is not None:
             tokens = tokens[: args.max_windows * args.context]
         losses = position_losses(model, tokens, args.context, args.batch_size)
-    except (ValueError, FileNotFoundError) as err:
+    except (InputError, FileNotFoundError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
     print(f"{args.checkpoint} on {args.text}: {len(tokens) // args.context} windows of {args.context} tokens")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pretrain.errors import InputError
+
 try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
@@ -50,9 +52,9 @@ class PretrainLM(TemplateLM):
         super().__init__()
         if scorer is None:
             if checkpoint is None:
-                raise ValueError("PretrainLM needs checkpoint=<path> (model_args) or scorer=<LMScorer>")
+                raise InputError("PretrainLM needs checkpoint=<path> (model_args) or scorer=<LMScorer>")
             if str(batch_size).startswith("auto"):
-                raise ValueError("batch_size=auto is not supported by the pretrain adapter; give an integer")
+                raise InputError("batch_size=auto is not supported by the pretrain adapter; give an integer")
             scorer = load_scorer(
                 checkpoint,
                 tokenizer,
@@ -102,7 +104,7 @@ class PretrainLM(TemplateLM):
         for i, req in enumerate(requests):
             kwargs = dict(req.args[1])
             if kwargs.get("do_sample") or kwargs.get("temperature", 0.0) > 0.0:
-                raise ValueError(
+                raise InputError(
                     "the pretrain adapter decodes greedily; set do_sample: false / temperature: 0"
                 )
             until = kwargs.get("until") or []

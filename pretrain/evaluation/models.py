@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 from pretrain.datamodules.special_tokens import special_token_id
 from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos
+from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
@@ -55,6 +56,33 @@ def transformer_logits_fn(model: Transformer) -> LogitsFn:
         return model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
 
     return causal
+
+
+def transformer_packed_logits_fn(model: Transformer) -> LogitsFn:
+    """``LMScorer.packed_logits_fn`` for our backbone: rows of packed requests, kept apart by document ids
+    (document id -1 = a leftover slot, masked)."""
+    if model.config.arch == "encoder-decoder":
+
+        def seq2seq(ids, docs, positions, dec_ids, dec_docs, dec_positions):
+            return model(
+                input_ids=ids,
+                attention_mask=(docs >= 0).long(),
+                document_ids=docs,
+                position_ids=positions,
+                decoder_input_ids=dec_ids,
+                decoder_attention_mask=(dec_docs >= 0).long(),
+                decoder_document_ids=dec_docs,
+                decoder_position_ids=dec_positions,
+            ).logits
+
+        return seq2seq
+
+    def packed(ids, docs, positions):
+        return model(
+            input_ids=ids, attention_mask=(docs >= 0).long(), document_ids=docs, position_ids=positions
+        ).logits
+
+    return packed
 
 
 def transformer_decode_fn(model: Transformer) -> DecodeFn:
@@ -91,9 +119,11 @@ def scorer_from_model(
     padding_side: str = "right",
     special_tokens: dict[str, str] | None = None,
     eval_mode: bool = True,
+    unpadded: bool = True,
 ) -> LMScorer:
     """An ``LMScorer`` over ``model`` (put in eval mode unless ``eval_mode=False``: a caller that trains it
-    switches modes itself); special tokens are looked up by name (``special_tokens``: role -> token)."""
+    switches modes itself); special tokens are looked up by name (``special_tokens``: role -> token).
+    ``unpadded``: score requests packed into rows without padding (``scoring``; the same log-likelihoods)."""
     cfg: ModelConfig = model.config
     check_architecture(cfg.arch)
     if not cfg.lm_head:
@@ -102,7 +132,7 @@ def scorer_from_model(
         )
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if vocab > cfg.vocab_size:
-        raise ValueError(
+        raise InputError(
             f"the tokenizer has {vocab} tokens but the model only {cfg.vocab_size}: wrong tokenizer?"
         )
     _, eos_id = resolve_eos(tokenizer, eos_token)
@@ -128,6 +158,7 @@ def scorer_from_model(
         padding_side=padding_side,
         device=next(model.parameters()).device,
         decode_fn=None if cfg.arch == "encoder" else transformer_decode_fn(model),
+        packed_logits_fn=transformer_packed_logits_fn(model) if unpadded else None,
         **encoder,
     )
 
@@ -135,7 +166,7 @@ def scorer_from_model(
 def _token_id(tokenizer: Tokenizer, token: str) -> int:
     token_id = tokenizer.token_to_id(token)
     if token_id is None:
-        raise ValueError(f"token {token!r} is not in the tokenizer's vocabulary")
+        raise InputError(f"token {token!r} is not in the tokenizer's vocabulary")
     return token_id
 
 
@@ -157,15 +188,16 @@ def _hf_special_tokens(directory: Path) -> dict[str, str]:
 def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     import transformers
 
-    from pretrain.models.hf import from_hf
+    from pretrain.models.hf import check_export, from_hf
 
+    check_export(path)  # a half-written export is named as one, not half-read
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     arch = (config.get("architectures") or [""])[0]
     if not hasattr(transformers, arch):
-        raise ValueError(
+        raise InputError(
             f"{path}/config.json names architecture {arch!r}, which transformers does not provide"
         )
-    model = from_hf(getattr(transformers, arch).from_pretrained(path))
+    model = from_hf(getattr(transformers, arch).from_pretrained(path, use_safetensors=True))  # no unpickling
     tok_path = Path(tokenizer or path)
     specials = _hf_special_tokens(tok_path if tok_path.is_dir() else tok_path.parent)
     prefix = specials.get("bos_token") or specials.get("eos_token")
@@ -181,7 +213,7 @@ def _load_ckpt(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, T
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     if tok is None:
-        raise ValueError(
+        raise InputError(
             f"{path} carries no tokenizer; pass --tokenizer PATH (the tokenizer.json it was trained with)"
         )
     overrides = (payload["config"].get("tokenizer") or {}).get("special_tokens") or {}
@@ -222,7 +254,7 @@ def load_scorer(
 ) -> LMScorer:
     """``load_model_and_tokenizer`` + ``scorer_from_model`` on ``device`` in ``dtype`` (float32 | bfloat16 | float16)."""
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        raise InputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     model, tok, info = load_model_and_tokenizer(checkpoint, tokenizer)
     model = model.to(device=device, dtype=DTYPES[dtype])
     return scorer_from_model(

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 
+from pretrain.errors import InputError
+
 from .metrics import rolling_metrics
 from .scoring import LMScorer, Request, ScoreFn
 
@@ -27,7 +29,7 @@ def rolling_token_windows(
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Yield ``(input_tokens, predicted_tokens)``; score the last ``len(predicted)`` outputs of each input."""
     if not 1 <= context_len <= max_seq_len:
-        raise ValueError(f"context_len must be in [1, max_seq_len={max_seq_len}], got {context_len}")
+        raise InputError(f"context_len must be in [1, max_seq_len={max_seq_len}], got {context_len}")
     tokens = list(tokens)
     if not tokens:
         return

@@ -20,6 +20,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pretrain.errors import InputError
+
 from .tasks import Example, TaskConfig
 
 DEFAULT_FEWSHOT_SEED = 1234  # lm-evaluation-harness's default fewshot_random_seed
@@ -49,7 +51,7 @@ class FewShotSampler:
     @staticmethod
     def _check(needed: int, size: int) -> None:
         if needed > size:
-            raise ValueError(
+            raise InputError(
                 f"cannot draw {needed} examples from a few-shot pool of {size} (the evaluated example is "
                 "drawn too, then dropped); lower num_fewshot or give a larger fewshot_path"
             )

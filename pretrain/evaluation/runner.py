@@ -24,6 +24,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pretrain.datamodules.storage import atomic_write_text
+from pretrain.errors import InputError
+
 from . import metrics as M
 from .config import EvalConfig, load_tasks
 from .perplexity import evaluate_perplexity
@@ -157,7 +160,7 @@ def evaluate(
     """Every task's results (see the module docstring), the CORE-style aggregate, optional samples."""
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
-        raise ValueError(f"task names must be unique, got {names}")
+        raise InputError(f"task names must be unique, got {names}")
     out: dict[str, Any] = {"results": {}}
     if log_samples:
         out["samples"] = {}
@@ -219,9 +222,7 @@ def format_table(results: dict[str, Any]) -> str:
 def save_results(results: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(results, indent=2, ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8"
-    )
+    atomic_write_text(path, json.dumps(results, indent=2, ensure_ascii=False, allow_nan=True) + "\n")
     return path
 
 
@@ -266,13 +267,14 @@ def log_to_wandb(results: dict[str, Any], run: Any, step: int | None = None) -> 
     run.log(payload, step=step) if step is not None else run.log(payload)
 
 
-def run_evaluation(config: EvalConfig) -> dict[str, Any]:
-    """Load the tasks (validated) and the scorer, evaluate, print the table; write JSON / log to W&B if asked."""
+def run_evaluation(config: EvalConfig, tasks: list[TaskConfig] | None = None) -> dict[str, Any]:
+    """Load the tasks (validated; ``tasks`` when the caller has) and the scorer, evaluate, print the table; write
+    JSON / log to W&B if asked."""
     import torch
 
     from .models import load_scorer
 
-    tasks = load_tasks(config)
+    tasks = load_tasks(config) if tasks is None else tasks
     device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
     scorer = load_scorer(
         config.checkpoint,
@@ -283,6 +285,7 @@ def run_evaluation(config: EvalConfig) -> dict[str, Any]:
         max_length=config.max_length,
         batch_size=config.batch_size,
         padding_side=config.padding_side,
+        unpadded=config.unpadded,
     )
     results = evaluate(scorer, tasks, seed=config.seed, limit=config.limit, log_samples=config.log_samples)
     results["config"] = {**asdict(config), "device": device, "max_length": scorer.max_length}

@@ -36,6 +36,15 @@ Too long requests are cut from the left, keeping the whole continuation -- lm-ev
 causal models, the encoder input ``context_enc[-self.max_length:]`` for seq2seq ones); ``truncated``
 counts the requests that lose context tokens, so a report can say how many prompts did not fit.
 
+Unpadded scoring (``packed_logits_fn``, which our backbone provides: ``models.transformer_packed_logits_fn``): the
+requests of a batch are packed into rows without padding, kept apart by document ids
+(``pretrain.datamodules.unpadded``; a seq2seq request's encoder and decoder share a row), and a batch takes
+requests in the same longest-first order until they fill ``batch_size`` rows as long as its longest request. Every
+request's log-likelihood is the padded path's (tested to 1e-6); only padding is no longer computed, and short
+requests share a forward pass. ``packed_logits_fn(input_ids, document_ids, position_ids)`` -> logits (R, C, V)
+(decoder, encoder); encoder-decoder: ``(input_ids, document_ids, position_ids, decoder_input_ids,
+decoder_document_ids, decoder_position_ids)``.
+
 Greedy decoding (``greedy_until``) runs on left-padded prompts through ``decode_fn`` (a generator that
 yields next-token logits and is sent the chosen ids; ``models.transformer_decode_fn`` uses the KV cache),
 or, without one, re-reads the whole sequence with ``logits_fn`` at every step. It stops at EOS, at a stop
@@ -50,6 +59,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
+
+from pretrain.errors import InputError
 
 LogitsFn = Callable[..., torch.Tensor]
 DecodeSteps = Generator[torch.Tensor, torch.Tensor, None]
@@ -89,6 +100,7 @@ class LMScorer:
     mask_token_id: int | None = None  # encoder-only: [MASK], [CLS], [SEP] of the pseudo-log-likelihood
     cls_token_id: int | None = None
     sep_token_id: int | None = None
+    packed_logits_fn: LogitsFn | None = None  # unpadded scoring (module docstring); None: padded batches
 
     def __post_init__(self) -> None:
         check_architecture(self.arch)
@@ -151,8 +163,12 @@ class LMScorer:
 
     # ------------------------------------------------------------------ log-likelihood
     def forward_count(self, requests: Sequence[Request]) -> int:
-        """How many ``logits_fn`` calls ``loglikelihood_tokens(requests)`` makes (batches of requests, or of
-        masked rows for an encoder)."""
+        """How many forward passes ``loglikelihood_tokens(requests)`` makes (batches of requests, or of masked rows
+        for an encoder)."""
+        if self.packed_logits_fn is not None and not self.seq2seq:
+            if self.encoder_only:
+                return len(self._chunks([len(s) for s in self._pll_rows(requests)[1]]))
+            return len(self._chunks(sorted((self._sizes(r)[0] for r in requests), reverse=True)))
         rows = sum(len(cont) for _, cont in requests) if self.encoder_only else len(requests)
         return -(-rows // self.batch_size)
 
@@ -162,7 +178,7 @@ class LMScorer:
         encoded = [self.encode_pair(c, x) for c, x in pairs]
         for (ctx, cont), (_, cont_ids) in zip(pairs, encoded):
             if not cont_ids:
-                raise ValueError(
+                raise InputError(
                     f"continuation {cont!r} after context ending {ctx[-40:]!r} encodes to no tokens "
                     "of its own (it merged into the context's last token); separate them with a delimiter"
                 )
@@ -178,11 +194,11 @@ class LMScorer:
         """Token-level version of ``loglikelihood``; results are in the order of ``requests``."""
         for i, (ctx, cont) in enumerate(requests):
             if not ctx or not cont:
-                raise ValueError(f"request {i}: context and continuation must both be non-empty token lists")
+                raise InputError(f"request {i}: context and continuation must both be non-empty token lists")
             limit = self.max_length - 2 if self.encoder_only else self.max_length
             if len(cont) > limit:
                 specials = " less [CLS] and [SEP]" if self.encoder_only else ""
-                raise ValueError(
+                raise InputError(
                     f"request {i}: continuation of {len(cont)} tokens exceeds max_length={self.max_length}"
                     + specials
                 )
@@ -191,12 +207,84 @@ class LMScorer:
         # longest first (as lm-eval), so a batch's padding is small and memory peaks at the start
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]) - len(requests[i][1]))
         results: list[tuple[float, bool] | None] = [None] * len(requests)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            scored = self._score_batch([requests[i] for i in chunk])
-            for i, res in zip(chunk, scored):
+        if self.packed_logits_fn is not None and not self.seq2seq:
+            chunks = [
+                [order[j] for j in chunk]
+                for chunk in self._chunks([self._sizes(requests[i])[0] for i in order])
+            ]
+        else:  # seq2seq packs each batch of batch_size requests
+            chunks = [
+                order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)
+            ]
+        for chunk in chunks:
+            score = self._score_packed if self.packed_logits_fn is not None else self._score_batch
+            for i, res in zip(chunk, score([requests[i] for i in chunk])):
                 results[i] = res
         return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ unpadded (packed) scoring
+    def _sizes(self, request: Request) -> tuple[int, ...]:
+        """Tokens the model reads for a decoder-only request: (its row,)."""
+        ctx, cont = request
+        return (len((ctx + cont)[-(self.max_length + 1) :]) - 1,)
+
+    def _chunks(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Consecutive runs of ``lengths`` (longest first) whose first-fit packing fills at most ``batch_size``
+        rows as long as the run's first (longest) item: positions into ``lengths``."""
+        chunks: list[list[int]] = []
+        room: list[int] = []
+        capacity = 0
+        for j, n in enumerate(lengths):
+            fit = next((r for r, left in enumerate(room) if n <= left), None)
+            if fit is not None:
+                room[fit] -= n
+            else:
+                if not room or len(room) == self.batch_size:  # a new batch, its rows as long as this item
+                    chunks.append([])
+                    room, capacity = [], n
+                room.append(capacity - n)
+            chunks[-1].append(j)
+        return chunks
+
+    @torch.no_grad()
+    def _score_packed(self, batch: list[Request]) -> list[tuple[float, bool]]:
+        """``_score_batch`` on rows packed without padding (module docstring)."""
+        from pretrain.datamodules.unpadded import first_and_last, first_fit, pack
+
+        conts = [cont for _, cont in batch]
+        if self.seq2seq:
+            encoder = [ctx[-self.max_length :] for ctx, _ in batch]
+            decoder = [[self.decoder_start_token_id] + cont[:-1] for cont in conts]
+            widths = [max(map(len, encoder)), max(map(len, decoder))]
+            rows = first_fit([[len(e), len(d)] for e, d in zip(encoder, decoder, strict=True)], widths)
+            enc = pack(encoder, rows, widths[0], self.pad_token_id)
+            dec = pack(decoder, rows, widths[1], self.pad_token_id)
+            logits = self.packed_logits_fn(
+                *(t.to(self.device) for t in (enc["tokens"], enc["document_ids"], enc["position_ids"])),
+                *(t.to(self.device) for t in (dec["tokens"], dec["document_ids"], dec["position_ids"])),
+            )
+            first, _ = first_and_last(dec["example_ids"], len(batch))
+            starts = first.tolist()
+        else:
+            seqs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for ctx, cont in batch]
+            rows = first_fit([[len(s)] for s in seqs], [max(map(len, seqs))])
+            packed = pack(seqs, rows, max(map(len, seqs)), self.pad_token_id)
+            logits = self.packed_logits_fn(
+                *(
+                    t.to(self.device)
+                    for t in (packed["tokens"], packed["document_ids"], packed["position_ids"])
+                )
+            )
+            _, last = first_and_last(packed["example_ids"], len(batch))
+            starts = [end + 1 - len(cont) for end, cont in zip(last.tolist(), conts, strict=True)]
+        flat = logits.flatten(0, 1)
+        results = []
+        for start, cont in zip(starts, conts, strict=True):
+            logprobs = F.log_softmax(flat[start : start + len(cont)].double(), dim=-1)
+            target = torch.tensor(cont, device=logprobs.device)
+            ll = logprobs.gather(-1, target[:, None]).sum()
+            results.append((float(ll), bool((logprobs.argmax(-1) == target).all())))
+        return results
 
     def _pad(self, rows: list[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """(ids (B, T), mask (B, T), offset of each row's first real token)."""
@@ -235,23 +323,50 @@ class LMScorer:
             results.append((float(ll), bool((logprobs.argmax(-1) == target).all())))
         return results
 
-    @torch.no_grad()
-    def _pseudo_loglikelihood(self, requests: Sequence[Request]) -> list[tuple[float, bool]]:
-        """Encoder-only: one masked row per continuation token (Salazar et al. 2020), batched by rows."""
+    def _pll_rows(
+        self, requests: Sequence[Request]
+    ) -> tuple[list[tuple[int, int, list[int]]], list[list[int]]]:
+        """The pseudo-log-likelihood's rows, longest first: ``(request, masked position, sequence)`` and each
+        sequence with that position masked."""
         rows: list[tuple[int, int, list[int]]] = []  # (request, masked position, sequence)
         for r, (ctx, cont) in enumerate(requests):
             seq = [self.cls_token_id] + (ctx + cont)[-(self.max_length - 2) :] + [self.sep_token_id]
             rows += [(r, len(seq) - 1 - len(cont) + i, seq) for i in range(len(cont))]
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][2]))
+        rows = [rows[i] for i in sorted(range(len(rows)), key=lambda i: -len(rows[i][2]))]
+        return rows, [seq[:pos] + [self.mask_token_id] + seq[pos + 1 :] for _, pos, seq in rows]
+
+    @torch.no_grad()
+    def _pseudo_loglikelihood(self, requests: Sequence[Request]) -> list[tuple[float, bool]]:
+        """Encoder-only: one masked row per continuation token (Salazar et al. 2020), batched by rows (packed
+        without padding with ``packed_logits_fn``)."""
+        from pretrain.datamodules.unpadded import first_and_last, first_fit, pack
+
+        rows, masked = self._pll_rows(requests)
         sums = [0.0] * len(requests)
         greedy = [True] * len(requests)
-        for start in range(0, len(order), self.batch_size):
-            chunk = [rows[i] for i in order[start : start + self.batch_size]]
-            masked = [seq[:pos] + [self.mask_token_id] + seq[pos + 1 :] for _, pos, seq in chunk]
-            ids, mask, _ = self._pad(masked, "right")  # absolute positions from 0: no padding on the left
-            logits = self.logits_fn(ids, mask)  # (B, T, V)
-            for b, (r, pos, seq) in enumerate(chunk):
-                logprobs = F.log_softmax(logits[b, pos].double(), dim=-1)  # (V,)
+        if self.packed_logits_fn is not None:
+            chunks = self._chunks([len(m) for m in masked])
+        else:
+            chunks = [
+                list(range(s, min(s + self.batch_size, len(rows))))
+                for s in range(0, len(rows), self.batch_size)
+            ]
+        for chunk in chunks:
+            seqs = [masked[j] for j in chunk]
+            if self.packed_logits_fn is not None:
+                width = max(map(len, seqs))
+                packed = pack(seqs, first_fit([[len(s)] for s in seqs], [width]), width, self.pad_token_id)
+                keys = ("tokens", "document_ids", "position_ids")
+                logits = self.packed_logits_fn(*(packed[k].to(self.device) for k in keys)).flatten(0, 1)
+                first, _ = first_and_last(packed["example_ids"], len(seqs))
+                where = [int(f) + rows[j][1] for f, j in zip(first, chunk, strict=True)]
+            else:
+                ids, mask, _ = self._pad(seqs, "right")  # absolute positions from 0: no padding on the left
+                logits = self.logits_fn(ids, mask).flatten(0, 1)  # (B * T, V)
+                where = [b * ids.shape[1] + rows[j][1] for b, j in enumerate(chunk)]
+            for at, j in zip(where, chunk, strict=True):
+                r, pos, seq = rows[j]
+                logprobs = F.log_softmax(logits[at].double(), dim=-1)  # (V,)
                 sums[r] += float(logprobs[seq[pos]])
                 greedy[r] &= int(logprobs.argmax()) == seq[pos]
         return list(zip(sums, greedy))
@@ -269,7 +384,7 @@ class LMScorer:
                 "or encoder-decoder checkpoint; score this one on multiple-choice or perplexity tasks"
             )
         if not self.seq2seq and max_new_tokens >= self.max_length:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be below max_length={self.max_length}")
+            raise InputError(f"max_new_tokens={max_new_tokens} must be below max_length={self.max_length}")
         keep = self.max_length if self.seq2seq else self.max_length - max_new_tokens
         encoded = [self.encode(c)[-keep:] if c else [self.prefix_token_id] for c in contexts]
         order = sorted(range(len(contexts)), key=lambda i: -len(encoded[i]))

@@ -35,6 +35,9 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain.config.compose import load_yaml
+from pretrain.errors import InputError
+
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling", "generation", "perplexity")
 
 # field name -> (accepted python types, description) per task type
@@ -86,21 +89,21 @@ class TaskConfig:
     def __post_init__(self) -> None:
         where = f"task {self.name!r} ({self.source})"
         if self.type not in TASK_TYPES:
-            raise ValueError(f"{where}: type={self.type!r} is not one of {list(TASK_TYPES)}")
+            raise InputError(f"{where}: type={self.type!r} is not one of {list(TASK_TYPES)}")
         if not isinstance(self.num_fewshot, int) or self.num_fewshot < 0:
-            raise ValueError(f"{where}: num_fewshot must be an integer >= 0, got {self.num_fewshot!r}")
+            raise InputError(f"{where}: num_fewshot must be an integer >= 0, got {self.num_fewshot!r}")
         if self.num_fewshot and self.type == "perplexity":
-            raise ValueError(f"{where}: perplexity tasks take no shots; set num_fewshot: 0")
+            raise InputError(f"{where}: perplexity tasks take no shots; set num_fewshot: 0")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit <= 0):
-            raise ValueError(f"{where}: limit must be a positive integer or null, got {self.limit!r}")
+            raise InputError(f"{where}: limit must be a positive integer or null, got {self.limit!r}")
         if self.type == "perplexity":
             from pretrain.datamodules.corpus import document_mode
 
             document_mode(self.document)
         if self.max_new_tokens <= 0:
-            raise ValueError(f"{where}: max_new_tokens must be positive, got {self.max_new_tokens}")
+            raise InputError(f"{where}: max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.until is not None and not all(isinstance(s, str) for s in self.until):
-            raise ValueError(f"{where}: until must be a list of strings, got {self.until!r}")
+            raise InputError(f"{where}: until must be a list of strings, got {self.until!r}")
 
     @property
     def stop_sequences(self) -> list[str]:
@@ -122,10 +125,10 @@ def task_from_dict(raw: dict[str, Any], source: str = "<dict>") -> TaskConfig:
     allowed = {f.name for f in dataclasses.fields(TaskConfig)} - {"source"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
-        raise ValueError(f"{source}: unknown task key(s) {unknown}; allowed keys: {sorted(allowed)}")
+        raise InputError(f"{source}: unknown task key(s) {unknown}; allowed keys: {sorted(allowed)}")
     missing = [k for k in ("name", "type", "path") if k not in raw]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"{source}: missing required task key(s) {missing} (every task needs name, type, path)"
         )
     return TaskConfig(**raw, source=source)
@@ -138,16 +141,13 @@ def load_task(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} does not exist")
-    cfg = OmegaConf.load(path)
-    if not OmegaConf.is_dict(cfg):
-        raise ValueError(f"{path}: a task file must be a YAML mapping, got {type(cfg).__name__}")
+    cfg = load_yaml(path, "task file")
     if data_root is not None:
         cfg.data_root = str(data_root)
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
-        hint = "; pass --data-root DIR (or data_root in the recipe)" if "data_root" in str(e) else ""
-        raise ValueError(f"{path}: cannot resolve interpolation: {str(e).splitlines()[0]}{hint}") from None
+        raise InputError(f"{path}: cannot resolve interpolation: {str(e).splitlines()[0]}") from None
     raw.pop("data_root", None)
     raw.update(overrides or {})
     return task_from_dict(raw, source=str(path))
@@ -155,21 +155,21 @@ def load_task(
 
 def _validate(example: Any, task_type: str, where: str) -> Example:
     if not isinstance(example, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}")
+        raise InputError(f"{where}: expected a JSON object, got {type(example).__name__}")
     for key, (types, desc) in _FIELDS[task_type].items():
         if key not in example:
-            raise ValueError(
+            raise InputError(
                 f"{where}: missing key {key!r}; {task_type} examples need {sorted(_FIELDS[task_type])}"
             )
         value = example[key]
         if not isinstance(value, types) or isinstance(value, bool):
-            raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")
+            raise InputError(f"{where}: {key!r} must be a {desc}, got {value!r}")
         if isinstance(value, list) and (not value or not all(isinstance(v, str) for v in value)):
-            raise ValueError(f"{where}: {key!r} must be a {desc}, got {value!r}")
+            raise InputError(f"{where}: {key!r} must be a {desc}, got {value!r}")
     if task_type in _OPTIONS_KEY:
         n = len(example[_OPTIONS_KEY[task_type]])
         if not 0 <= example["gold"] < n:
-            raise ValueError(
+            raise InputError(
                 f"{where}: gold={example['gold']} is out of range for {n} {_OPTIONS_KEY[task_type]} "
                 f"(valid: 0..{n - 1})"
             )
@@ -183,9 +183,9 @@ def load_examples(path: str | Path, task_type: str) -> list[Example]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist (check the task's path and --data-root)")
+        raise FileNotFoundError(f"data file {path} does not exist (check the task's path and its data_root)")
     if task_type not in TASK_TYPES:
-        raise ValueError(f"unknown task type {task_type!r}; valid: {list(TASK_TYPES)}")
+        raise InputError(f"unknown task type {task_type!r}; valid: {list(TASK_TYPES)}")
     examples: list[Example] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -194,10 +194,10 @@ def load_examples(path: str | Path, task_type: str) -> list[Example]:
             try:
                 example = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+                raise InputError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
             examples.append(_validate(example, task_type, f"{path}:{lineno}"))
     if not examples:
-        raise ValueError(f"{path}: no examples found")
+        raise InputError(f"{path}: no examples found")
     return examples
 
 
@@ -210,8 +210,8 @@ def load_documents(path: str | Path, document: str = "file", limit: int | None =
     if path.suffix == ".jsonl":
         return [ex["text"] for ex in load_examples(path, "perplexity")][:limit]
     if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist (check the task's path and --data-root)")
+        raise FileNotFoundError(f"data file {path} does not exist (check the task's path and its data_root)")
     docs = list(itertools.islice(iter_documents([Source("text", str(path))], document=document), limit))
     if not docs:
-        raise ValueError(f"{path}: no text found")
+        raise InputError(f"{path}: no text found")
     return docs

@@ -10,7 +10,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from torch import nn
 
-from pretrain.finetuning.config import InitConfig
+from pretrain.errors import InputError
+from pretrain.finetuning.config import InitConfig, check_init_checkpoint
 from pretrain.models.transformer import Transformer
 
 
@@ -30,8 +31,9 @@ def _hf_roles(directory: Path) -> dict[str, str]:
 def _load_hf(directory: Path) -> Transformer:
     import transformers
 
-    from pretrain.models.hf import from_hf
+    from pretrain.models.hf import check_export, from_hf
 
+    check_export(directory)  # a half-written export is named as one, not half-read
     config = transformers.AutoConfig.from_pretrained(directory)
     arch = (getattr(config, "architectures", None) or [""])[0]
     classes = {
@@ -41,14 +43,14 @@ def _load_hf(directory: Path) -> Transformer:
         "llama": "LlamaForCausalLM",
     }
     if config.model_type not in classes:
-        raise ValueError(
+        raise InputError(
             f"{directory}: model_type {config.model_type!r} is not supported; supported: {sorted(classes)}"
         )
     cls = getattr(transformers, classes[config.model_type])
     try:  # safetensors only: loading never unpickles
         hf_model = cls.from_pretrained(directory, use_safetensors=True)
     except OSError as err:
-        raise ValueError(f"{directory}: no loadable model.safetensors ({err})") from err
+        raise InputError(f"{directory}: no loadable model.safetensors ({err})") from err
     return from_hf(hf_model)
 
 
@@ -72,7 +74,7 @@ def load_backbone(init: InitConfig) -> tuple[Transformer, Tokenizer, dict[str, s
                 try:
                     tokenizer = load_tokenizer(path)
                 except FileNotFoundError:
-                    raise ValueError(
+                    raise InputError(
                         f"{path} has no tokenizer (tokenizer.json, or vocab.json + merges.txt); "
                         "pass init.tokenizer=PATH"
                     ) from None
@@ -82,16 +84,14 @@ def load_backbone(init: InitConfig) -> tuple[Transformer, Tokenizer, dict[str, s
             model, info, tokenizer = load_model(path)
             roles = dict(info.get("config", {}).get("tokenizer", {}).get("special_tokens") or {})
             if tokenizer is None and init.tokenizer is None:
-                raise ValueError(f"checkpoint {path} holds no tokenizer; pass init.tokenizer=PATH")
+                raise InputError(f"checkpoint {path} holds no tokenizer; pass init.tokenizer=PATH")
         else:
-            raise FileNotFoundError(
-                f"init.checkpoint {path} not found (a .ckpt from `pretrain fit`, or a Hugging Face directory)"
-            )
+            check_init_checkpoint(init)
     if init.tokenizer is not None:
         tokenizer = load_tokenizer(init.tokenizer)
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size > model.config.vocab_size:
-        raise ValueError(
+        raise InputError(
             f"the tokenizer has {size} tokens but the backbone from {where} has vocab_size "
             f"{model.config.vocab_size}; use the tokenizer the backbone was trained with"
         )
@@ -103,7 +103,7 @@ def freeze(model: Transformer, embeddings: bool, layers: int) -> None:
     stacks = [s for s in (model.encoder, model.decoder) if s is not None]
     deepest = min(len(s.blocks) for s in stacks)
     if layers > deepest:
-        raise ValueError(f"freeze.layers={layers} exceeds the backbone's {deepest} layers per stack")
+        raise InputError(f"freeze.layers={layers} exceeds the backbone's {deepest} layers per stack")
     modules: list[nn.Module] = [model.embed] if embeddings else []
     modules += [block for s in stacks for block in s.blocks[:layers]]
     for module in modules:

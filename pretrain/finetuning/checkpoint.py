@@ -15,10 +15,95 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from pretrain.datamodules.storage import atomic_write
 from pretrain.finetuning.config import FinetuneConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Transformer
+from pretrain.training.checkpoint.resume import (
+    MISSING,
+    Compared,
+    at,
+    config_keys,
+    lr_schedule_values,
+    optimizer_values,
+)
+
+
+def _lora(payload: dict[str, Any]) -> dict[str, Any]:
+    lora = at(payload, "finetune.lora")
+    if lora is MISSING:
+        return {}
+    return {"lora": None if lora is None else {k: lora[k] for k in ("r", "alpha", "target_modules")}}
+
+
+def _examples(payload: dict[str, Any]) -> dict[str, Any]:
+    """What maps a finetuning data position (batches received) to examples, besides the files."""
+    ft = payload.get("finetune", {})
+    if "data" not in ft:
+        return {}
+    t = ft["trainer"]
+    return {
+        "data.micro_batch_size": ft["data"]["micro_batch_size"],
+        "ranks (trainer.devices x trainer.num_nodes)": t["devices"] * t["num_nodes"],
+    }
+
+
+DATA_KEYS = (
+    "task",
+    "train_file",
+    "train_target_file",
+    "text_columns",
+    "label_column",
+    "regression",
+    "header",
+    "template",
+    "special_tokens",
+    "source_prefix",
+    "max_length",
+    "max_target_length",
+)
+FINETUNE_RESUME = (
+    Compared(None, "`seed`", config_keys("finetune", "seed"), "the example order follows the seed"),
+    Compared(
+        None,
+        "`init` (`checkpoint`, `tokenizer`, `model`): the backbone the weights descend from",
+        config_keys("finetune", "init.checkpoint", "init.tokenizer", "init.model"),
+        "the weights and `finetuned.pt` would name another backbone than the one trained",
+    ),
+    Compared(
+        None,
+        "`head.kind`, `head.pooling`, `lora` (added or removed, `r`, `alpha`, `target_modules`)",
+        lambda payload: config_keys("finetune", "head.kind", "head.pooling")(payload) | _lora(payload),
+        "the model's structure and the adapters' scale",
+    ),
+    Compared(
+        "data",
+        "`data` files and encoding (`" + "`, `".join(DATA_KEYS) + "`), `data.micro_batch_size`, ranks",
+        lambda payload: (
+            config_keys("finetune", *(f"data.{k}" for k in DATA_KEYS))(payload) | _examples(payload)
+        ),
+        "weights, optimizer and step continue; the example order continues from the checkpoint's batch count "
+        "over the new data",
+    ),
+    Compared(
+        "optimizer",
+        "`optim.name`, `betas`, `eps`, `weight_decay`, `optim.muon.*` but `lr`, `freeze.*`",
+        lambda payload: (
+            optimizer_values("finetune")(payload)
+            | config_keys("finetune", "freeze.embeddings", "freeze.layers")(payload)
+        ),
+        "optimizer state re-initialised: moments and step counts start from zero with the new settings; "
+        "weights, learning-rate schedule position and data continue",
+    ),
+    Compared(
+        "lr_schedule",
+        "`optim.lr`, `schedule`, `warmup_steps`, `min_lr_ratio`, `decay_steps` (default `trainer.max_steps`), "
+        "`cooldown_fraction` (wsd), `optim.muon.lr`, `head.lr`",
+        lambda payload: lr_schedule_values("finetune")(payload) | config_keys("finetune", "head.lr")(payload),
+        "the learning rate follows the new schedule from the checkpoint's step on",
+    ),
+)
 
 
 def finetune_payload(
@@ -53,7 +138,8 @@ def save_finetuned(path: Path, checkpoint: Path) -> None:
     state = model_state(saved)
     if info["finetune"].get("lora") and any(".lora_" in k for k in state):  # not merged yet
         state = _merged_lora(state, info)
-    torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}, PAYLOAD: info}, path)
+    payload = {"state_dict": {f"model.{k}": v for k, v in state.items()}, PAYLOAD: info}
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))  # a full disk: OSError naming path
 
 
 def _build(model_config: dict[str, Any], head: dict[str, Any], num_outputs: int | None, lora: Any = None):

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pretrain.finetuning.config import load_config
-from pretrain.finetuning.run import run
+from pretrain.finetuning.config import check_init_checkpoint, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -24,6 +23,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(dataclasses.asdict(cfg)), end="")
         return 0
+    check_init_checkpoint(cfg.init)
+    from pretrain.finetuning.run import run  # torch and Lightning: after the recipe is checked
+
     results = run(cfg)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 

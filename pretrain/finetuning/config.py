@@ -20,6 +20,7 @@ from pretrain.config.compose import check_run_name
 from pretrain.config.run import (
     PRECISIONS,
     CheckpointConfig,
+    FinetuneResumeChange,
     GuardsConfig,
     LoggerConfig,
     StrategyConfig,
@@ -27,9 +28,11 @@ from pretrain.config.run import (
     WandbConfig,
     check_checkpoint,
     check_optim,
+    muon_problems,
     shared_problems,
 )
-from pretrain.models.config import ModelConfig
+from pretrain.errors import InputError
+from pretrain.models.config import BLOCK_LINEARS, ModelConfig
 
 FINETUNE_CONFIGS = CONFIG_DIR / "finetune"
 
@@ -42,6 +45,14 @@ class InitConfig:
     checkpoint: str | None = None
     tokenizer: str | None = None
     model: ModelConfig | None = None
+
+
+def check_init_checkpoint(init: InitConfig) -> None:
+    """``init.checkpoint``, when set, exists (a local ``.ckpt``, sharded or Hugging Face directory)."""
+    if init.checkpoint is not None and not Path(init.checkpoint).expanduser().exists():
+        raise FileNotFoundError(
+            f"init.checkpoint {init.checkpoint} not found (a .ckpt from `pretrain fit`, or a Hugging Face directory)"
+        )
 
 
 @dataclass
@@ -63,13 +74,13 @@ class FreezeConfig:
 @dataclass
 class LoRAConfig:
     """LoRA through ``peft`` (``pretrain.finetuning.lora``): rank ``r``, scale ``alpha / r``, dropout on the
-    adapter's input, and the block linears adapted (names of ``pretrain.models.transformer``: ``qkv`` / ``q``,
-    ``kv`` (cross-attention), ``out``, ``fc``, ``proj``). The rest of the backbone is frozen."""
+    adapter's input, and the block linears adapted (names of ``pretrain.models.transformer``: ``q``, ``k``, ``v``,
+    ``out`` (self- and cross-attention), ``gate`` (GLU MLPs), ``fc``, ``proj``). The rest of the backbone is frozen."""
 
     r: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["qkv", "out", "fc", "proj"])
+    target_modules: list[str] = field(default_factory=lambda: list(BLOCK_LINEARS))
 
 
 @dataclass
@@ -93,6 +104,9 @@ class FinetuneDataConfig:
     max_target_length: int = 32
     micro_batch_size: int = 32
     num_workers: int = 0
+    # pack each batch's examples into rows without padding, kept apart by document masks (sequence heads; the
+    # teacher-forced text-to-text loss): the padded path's losses and metrics, computed on the real tokens only
+    unpadded: bool = True
 
 
 @dataclass
@@ -130,6 +144,8 @@ class FinetuneConfig:
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(save_top_k=0))
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     resume: str | None = "auto"  # "auto": the newest valid checkpoint in run_dir/checkpoints; a path; None
+    # resume although these differ from the checkpoint's (the warning says what happens; docs/resume.md)
+    resume_allow: list[FinetuneResumeChange] = field(default_factory=list)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     save: bool = True  # write <run_dir>/finetuned.pt (weights, config, tokenizer, label names)
 
@@ -144,22 +160,22 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
     check_run_name(cfg.name)
     cfg.run_dir = cfg.run_dir or f"runs/{cfg.name}"
     if cfg.init.checkpoint is None and (cfg.init.model is None or cfg.init.tokenizer is None):
-        raise ValueError(
+        raise InputError(
             "init: give init.checkpoint (a .ckpt or Hugging Face directory), or init.model and "
             "init.tokenizer for a randomly initialised backbone"
         )
     if cfg.init.checkpoint is not None and cfg.init.model is not None:
-        raise ValueError("init.model is only for random initialisation; drop it or set init.checkpoint=null")
+        raise InputError("init.model is only for random initialisation; drop it or set init.checkpoint=null")
     if not cfg.data.train_file:
-        raise ValueError("data.train_file is empty; point it at a TSV/JSONL (or text) training file")
+        raise InputError("data.train_file is empty; point it at a TSV/JSONL (or text) training file")
     if cfg.decoding.early_stopping not in (True, False, "never"):
-        raise ValueError(
+        raise InputError(
             f"decoding.early_stopping must be true, false or never, got {cfg.decoding.early_stopping!r}"
         )
     if cfg.head.kind == "text2text" and cfg.head.lr is not None:
-        raise ValueError("head.lr does not apply to text2text (the LM head is part of the backbone); drop it")
+        raise InputError("head.lr does not apply to text2text (the LM head is part of the backbone); drop it")
     if cfg.head.kind in ("token", "multiple_choice"):
-        raise ValueError(
+        raise InputError(
             f"head.kind={cfg.head.kind!r} has no file datamodule in `pretrain finetune` yet (GLUE files are "
             "sentence-level); use pretrain.models.heads.TaskModel with FinetuneModule from Python"
         )
@@ -167,8 +183,29 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
     if cfg.lora is not None:
         _check_lora(cfg)
     if cfg.freeze.layers < 0:
-        raise ValueError(f"freeze.layers must be >= 0, got {cfg.freeze.layers}")
+        raise InputError(f"freeze.layers must be >= 0, got {cfg.freeze.layers}")
+    if problems := _data_and_decoding_problems(cfg):
+        raise InputError("; ".join(problems))
     return cfg
+
+
+def _data_and_decoding_problems(cfg: FinetuneConfig) -> list[str]:
+    """Bounds of ``data`` and ``decoding`` (checked here, named as recipe keys, rather than by the datamodule or
+    the decoder under their Python names, after the backbone is loaded)."""
+    d, g = cfg.data, cfg.decoding
+    checks = [
+        ("seed", cfg.seed, 0 <= cfg.seed < 2**32, "in [0, 2**32) (numpy's seeds)"),
+        ("data.micro_batch_size", d.micro_batch_size, d.micro_batch_size >= 1, ">= 1"),
+        ("data.num_workers", d.num_workers, d.num_workers >= 0, ">= 0"),
+        ("data.max_length", d.max_length, d.max_length >= 2, ">= 2 (a token and an end token)"),
+        ("data.max_target_length", d.max_target_length, d.max_target_length >= 2, ">= 2 (a token and EOS)"),
+        ("decoding.max_new_tokens", g.max_new_tokens, g.max_new_tokens >= 1, ">= 1"),
+        ("decoding.temperature", g.temperature, g.temperature > 0, "> 0"),
+        ("decoding.top_k", g.top_k, g.top_k is None or g.top_k >= 1, ">= 1 or null"),
+        ("decoding.top_p", g.top_p, g.top_p is None or 0 < g.top_p <= 1, "in (0, 1] or null"),
+        ("decoding.num_beams", g.num_beams, g.num_beams >= 1, ">= 1"),
+    ]
+    return [f"{key} must be {bound}, got {value}" for key, value, ok, bound in checks if not ok]
 
 
 OWN_DEFAULTS = (
@@ -195,39 +232,54 @@ def _with_finetune_defaults(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Trainer settings `pretrain fit` applies to its model (``PretrainModule``), not through the Trainer finetuning shares
+FIT_ONLY = ("compile", "activation_checkpointing", "float8")
+
+
 def _check_training(cfg: FinetuneConfig) -> None:
     """The Trainer sections (shared with `pretrain fit`) as finetuning uses them."""
     check_optim(cfg.optim)
     if problems := shared_problems(cfg.trainer, cfg.checkpoint):
-        raise ValueError(problems[0])
+        raise InputError(problems[0])
     check_checkpoint(cfg.checkpoint)
     t = cfg.trainer
     names = ("max_steps", "val_check_interval", "log_every_n_steps", "devices", "num_nodes")
     for name in (*names, "accumulate_grad_batches"):
         if getattr(t, name) < 1:
-            raise ValueError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
+            raise InputError(f"trainer.{name} must be >= 1, got {getattr(t, name)}")
     if t.precision not in PRECISIONS:
-        raise ValueError(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
-    for name in ("compile", "activation_checkpointing"):
+        raise InputError(f"trainer.precision: {t.precision!r} is not one of {list(PRECISIONS)}")
+    for name in FIT_ONLY:
         if getattr(t, name):
-            raise ValueError(
-                f"trainer.{name} is a `pretrain fit` option; `pretrain finetune` does not apply it"
+            raise InputError(
+                f"trainer.{name} is a `pretrain fit` option; `pretrain finetune` does not apply it: drop it"
             )
+    if problems := muon_problems(cfg.optim, cfg.strategy.name):
+        raise InputError(problems[0])
     if cfg.strategy.name == "deepspeed" and cfg.guards.spike.enabled:
-        raise ValueError("guards.spike is not supported with strategy deepspeed; use strategy ddp / fsdp")
+        raise InputError("guards.spike is not supported with strategy deepspeed; use strategy ddp / fsdp")
+    if (
+        cfg.strategy.tensor_parallel != 1
+        or cfg.strategy.sequence_parallel
+        or cfg.strategy.context_parallel != 1
+    ):
+        raise InputError(
+            "strategy.tensor_parallel / sequence_parallel / context_parallel split a pretraining model "
+            "(`pretrain fit`); finetuning runs data-parallel: drop them"
+        )
 
 
 def _check_lora(cfg: FinetuneConfig) -> None:
     lora = cfg.lora
     if lora.r < 1 or not lora.alpha > 0 or not 0 <= lora.dropout < 1:
-        raise ValueError(
+        raise InputError(
             f"lora needs r >= 1, alpha > 0 and 0 <= dropout < 1, got r={lora.r}, alpha={lora.alpha}, "
             f"dropout={lora.dropout}"
         )
     if not lora.target_modules:
-        raise ValueError("lora.target_modules is empty; name the block linears to adapt, e.g. [qkv, out]")
+        raise InputError("lora.target_modules is empty; name the block linears to adapt, e.g. [q, v]")
     if cfg.freeze.embeddings or cfg.freeze.layers:
-        raise ValueError("freeze does not apply with lora (LoRA freezes the whole backbone); drop freeze.*")
+        raise InputError("freeze does not apply with lora (LoRA freezes the whole backbone); drop freeze.*")
 
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> FinetuneConfig:

@@ -7,6 +7,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from pretrain.errors import InputError
 from pretrain.finetuning.config import FinetuneConfig
 
 
@@ -36,14 +37,14 @@ def build_datamodule(cfg: FinetuneConfig, tokenizer: Tokenizer, arch: str, roles
 
         if d.train_target_file:
             if bool(d.val_file) != bool(d.val_target_file):
-                raise ValueError(
+                raise InputError(
                     "data.val_file and data.val_target_file go together (line-aligned source/target)"
                 )
             train = parallel_pairs(d.train_file, d.train_target_file, d.source_prefix)
             val = parallel_pairs(d.val_file, d.val_target_file, d.source_prefix) if d.val_file else None
         else:
             if d.task is None:
-                raise ValueError(
+                raise InputError(
                     "text2text needs data.task (a GLUE task rendered as text) or data.train_target_file"
                 )
             train = glue_pairs(d.train_file, d.task)
@@ -61,6 +62,7 @@ def build_datamodule(cfg: FinetuneConfig, tokenizer: Tokenizer, arch: str, roles
             micro_batch_size=d.micro_batch_size,
             num_workers=d.num_workers,
             seed=cfg.seed,
+            unpadded=d.unpadded,
         )
     from pretrain.datamodules.finetune import FinetuneDataModule, task_format
 
@@ -82,4 +84,5 @@ def build_datamodule(cfg: FinetuneConfig, tokenizer: Tokenizer, arch: str, roles
         micro_batch_size=d.micro_batch_size,
         num_workers=d.num_workers,
         seed=cfg.seed,
+        unpadded=d.unpadded and cfg.head.kind == "sequence",  # token / multiple-choice heads read padded rows
     )

@@ -10,7 +10,9 @@ from typing import Any
 
 from torch import nn
 
+from pretrain.errors import InputError
 from pretrain.finetuning.config import LoRAConfig
+from pretrain.models.config import BLOCK_LINEARS
 from pretrain.models.transformer import Transformer
 
 ADAPTER = "default"
@@ -26,21 +28,18 @@ def _peft_config(cfg: LoRAConfig) -> Any:
 
 def add_lora(backbone: Transformer, cfg: LoRAConfig) -> Any:
     """Inject LoRA into ``backbone`` in place (its blocks' linears named in ``cfg.target_modules``), freezing
-    the rest of it; returns ``peft``'s ``LoraModel`` over it (for ``merge``). ValueError naming the backbone's
-    linears when a target matches none."""
+    the rest of it; returns ``peft``'s ``LoraModel`` over it (for ``merge``). InputError naming the block linears
+    (``BLOCK_LINEARS``) when a target is none of them; one the backbone lacks (``gate`` without a GLU MLP) adapts
+    nothing."""
     try:
         from peft.tuners.lora import LoraModel
     except ImportError as err:
-        raise ValueError("finetune.lora needs the peft package: pip install 'pretrain[lora]'") from err
-    stacks = [s for s in (backbone.encoder, backbone.decoder) if s is not None]
-    in_blocks = {
-        n.rsplit(".", 1)[-1] for s in stacks for n, m in s.named_modules() if isinstance(m, nn.Linear)
-    }
-    unknown = sorted(set(cfg.target_modules) - in_blocks)
+        raise InputError("finetune.lora needs the peft package: pip install 'pretrain[lora]'") from err
+    unknown = sorted(set(cfg.target_modules) - set(BLOCK_LINEARS))
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"lora.target_modules {unknown} name no linear layer of the backbone's blocks; "
-            f"choose from {sorted(in_blocks)}"
+            f"choose from {list(BLOCK_LINEARS)}"
         )
     # targets are block linears only: e.g. "out" would otherwise also match a task head's output layer
     return LoraModel(backbone, _peft_config(cfg), ADAPTER)

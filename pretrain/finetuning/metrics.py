@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torchmetrics
 
+from pretrain.errors import InputError
 from pretrain.finetuning.config import FinetuneConfig
 
 CLASS_METRICS = ("accuracy", "f1", "mcc")
@@ -40,7 +41,7 @@ def build_metrics(names: list[str], num_labels: int, regression: bool) -> torchm
     allowed = REGRESSION_METRICS if regression else CLASS_METRICS
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
-        raise ValueError(
+        raise InputError(
             f"metrics {unknown or names} do not apply to {'regression' if regression else 'classification'}; "
             f"choose from {list(allowed)}"
         )

@@ -12,27 +12,40 @@ import torchmetrics
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
+from pretrain.errors import InputError
 from pretrain.finetuning.config import FinetuneConfig
 from pretrain.finetuning.decoding import decode_targets
 from pretrain.finetuning.metrics import TEXT_METRICS, build_metrics, default_metrics
-from pretrain.models.heads import TaskModel
+from pretrain.models.heads import Packing, TaskModel
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX
-from pretrain.training.optim import lr_lambda, param_groups
+from pretrain.training.checkpoint.resume import apply_resume_changes, restart_schedules
+from pretrain.training.optim import param_groups
 from pretrain.training.step import FreeGradientsAfterStep, StepLoss
 
 
 def finetune_optimizer(
     cfg: FinetuneConfig, backbone: nn.Module, head: nn.Module | None, max_steps: int
 ) -> dict[str, Any]:
-    """AdamW (``pretrain.training.optim.param_groups``: no decay on norms, biases, embeddings) with the head at ``head.lr``,
-    and the configured warmup + decay schedule applied to every group."""
+    """`pretrain fit`'s optimizer (``pretrain.training.optim.build_optimizer``: AdamW with no decay on norms, biases
+    and embeddings, or Muon for the backbone's hidden matrices) with the head's groups at ``head.lr``, and the
+    configured warmup + decay schedule applied to every group."""
+    from pretrain.training.optim import build_optimizer, build_scheduler
+    from pretrain.training.strategies import optimizer_offloaded
+
     o = cfg.optim
-    groups = [g | {"lr": o.lr} for g in param_groups(backbone, o.weight_decay)]
+    extra = []
     if head is not None:
-        groups += [g | {"lr": cfg.head.lr or o.lr} for g in param_groups(head, o.weight_decay)]
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], betas=tuple(o.betas), eps=o.eps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, max_steps))
+        for g in param_groups(head, o.weight_decay):
+            extra.append(g | {"name": f"head_{g['name']}", "lr": (cfg.head.lr or o.lr) * g["lr_mult"]})
+    optimizer = build_optimizer(
+        backbone,
+        o,
+        cpu_offload=optimizer_offloaded(cfg),
+        amp=cfg.trainer.precision.startswith("16"),
+        extra_groups=extra,
+    )
+    scheduler = build_scheduler(optimizer, o, max_steps)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -41,6 +54,8 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
     and the loss scale DeepSpeed needs."""
 
     payload: dict[str, Any] | None = None  # set by pretrain.finetuning.run: configs, tokenizer, labels
+    resume_changes: frozenset[str] = frozenset()  # resume_allow entries that differ (pretrain.finetuning.run)
+    base_lrs: tuple[float, ...] = ()  # each parameter group's base learning rate (configure_optimizers)
     flops_per_batch = 0.0  # model FLOPs of the last training micro-batch (read by the throughput monitor)
     step_loss: StepLoss | None = None  # the running optimizer step's loss (read by the guards)
 
@@ -61,6 +76,16 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
         reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
         twice = engine_divides_by_accumulation(self.trainer.strategy)
         self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice)
+        restart_schedules(self, self.base_lrs)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        apply_resume_changes(self, checkpoint)
+
+    def _optimizer(self, backbone: nn.Module, head: nn.Module | None) -> dict[str, Any]:
+        """``finetune_optimizer``; the config's base learning rates kept (a resume may restart from them)."""
+        out = finetune_optimizer(self.cfg, backbone, head, self.cfg.trainer.max_steps)
+        self.base_lrs = tuple(g["initial_lr"] for g in out["optimizer"].param_groups)
+        return out
 
     def _step_mean(self, mean: Tensor, batch_idx: int) -> Tensor:
         """Record a micro-batch's mean loss (over the ranks' mean: ``mean`` of every rank averages to it) for the
@@ -76,6 +101,15 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
 
         if self.payload is not None:
             checkpoint[PAYLOAD] = self.payload
+
+
+PACKED_TEXT2TEXT_KEYS = (
+    "document_ids",
+    "position_ids",
+    "decoder_attention_mask",
+    "decoder_document_ids",
+    "decoder_position_ids",
+)
 
 
 def _mask_padding(labels: Tensor, real: Tensor | None) -> Tensor:
@@ -95,9 +129,14 @@ class FinetuneModule(_FinetuneBase):
         self.metrics = build_metrics(default_metrics(cfg, regression), max(num_labels, 2), regression)
         self.val_loss = torchmetrics.MeanMetric()
 
+    def _logits(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.model(
+            batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"), Packing.of(batch)
+        )
+
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """(loss, predictions, labels) with ignored positions removed."""
-        logits = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+        logits = self._logits(batch)
         labels, real = batch["labels"], batch.get("real")  # real: False for evaluation padding
         if self.regression:
             scores = logits.squeeze(-1).float()
@@ -109,9 +148,19 @@ class FinetuneModule(_FinetuneBase):
         loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
         return loss, logits.detach().argmax(-1)[keep], labels[keep]
 
+    def _training_loss(self, batch: dict[str, Tensor]) -> Tensor:
+        """The loss alone (training batches have no padding rows): no predictions picked out by a boolean mask,
+        which would wait for the device."""
+        logits = self._logits(batch)
+        if self.regression:
+            return F.mse_loss(logits.squeeze(-1).float(), batch["labels"].float())
+        return F.cross_entropy(
+            logits.flatten(0, -2).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
+        )
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         self._count_flops(self.model.backbone, batch, lm_head=False)
-        loss, _, _ = self._loss(batch)
+        loss = self._training_loss(batch)
         # equal micro-batches on every rank: the mean over ranks is the global batch's loss
         self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
         return self._step_mean(loss, batch_idx)
@@ -131,7 +180,7 @@ class FinetuneModule(_FinetuneBase):
         self.val_loss.reset()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        return finetune_optimizer(self.cfg, self.model.backbone, self.model.head, self.cfg.trainer.max_steps)
+        return self._optimizer(self.model.backbone, self.model.head)
 
 
 class Text2TextModule(_FinetuneBase):
@@ -143,13 +192,13 @@ class Text2TextModule(_FinetuneBase):
     ):
         super().__init__()
         if model.config.arch != "encoder-decoder" or not model.config.lm_head:
-            raise ValueError(
+            raise InputError(
                 f"head.kind=text2text needs an encoder-decoder backbone with an LM head (T5), got arch "
                 f"{model.config.arch!r}; use head.kind=sequence for encoders and decoders"
             )
         self.metric_names = default_metrics(cfg, regression=False)
         if not self.metric_names or any(m not in TEXT_METRICS for m in self.metric_names):
-            raise ValueError(f"text2text metrics must be among {list(TEXT_METRICS)}, got {self.metric_names}")
+            raise InputError(f"text2text metrics must be among {list(TEXT_METRICS)}, got {self.metric_names}")
         self.model, self.cfg, self.tokenizer = model, cfg, tokenizer
         self.eos_id, self.pad_id = eos_id, pad_id
         self.val_loss = torchmetrics.MeanMetric()
@@ -158,10 +207,12 @@ class Text2TextModule(_FinetuneBase):
 
     def _loss_sum(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         """(summed target-token cross-entropy, number of target tokens)."""
+        packed = {k: batch[k] for k in PACKED_TEXT2TEXT_KEYS if k in batch}  # unpadded batches
         logits = self.model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
             decoder_input_ids=batch["decoder_input_ids"],
+            **packed,
         ).logits
         labels = _mask_padding(batch["labels"], batch.get("real")).flatten()
         loss = F.cross_entropy(
@@ -224,4 +275,4 @@ class Text2TextModule(_FinetuneBase):
         self.hypotheses, self.references = [], []
 
     def configure_optimizers(self) -> dict[str, Any]:
-        return finetune_optimizer(self.cfg, self.model, None, self.cfg.trainer.max_steps)
+        return self._optimizer(self.model, None)

@@ -11,6 +11,8 @@ from typing import Any
 
 import lightning as L
 
+from pretrain.datamodules.storage import atomic_write_text
+from pretrain.errors import InputError
 from pretrain.finetuning.backbone import freeze, load_backbone
 from pretrain.finetuning.checkpoint import finetune_payload, save_finetuned
 from pretrain.finetuning.config import FinetuneConfig
@@ -23,6 +25,9 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
     """Backbone, tokenizer, datamodule (read and checked) and LightningModule; every input error surfaces here."""
     L.seed_everything(cfg.seed, verbose=False)  # before a randomly initialised backbone is built
     backbone, tokenizer, roles = load_backbone(cfg.init)
+    backbone.check_inputs = (
+        False  # load_backbone checked the tokenizer/vocab fit, check_lengths the positions
+    )
     roles = roles | dict(cfg.data.special_tokens)
     check_lengths(cfg, backbone.config)
     datamodule = build_datamodule(cfg, tokenizer, backbone.config.arch, roles)
@@ -69,30 +74,48 @@ def check_lengths(cfg: FinetuneConfig, model: Any) -> None:
         lengths.append(("data.max_target_length", cfg.data.max_target_length + 1))  # + the decoder start
     for name, value in lengths:
         if value > model.max_seq_len:
-            raise ValueError(
-                f"{name}={value} exceeds the backbone's {model.max_seq_len} positions (model.max_seq_len of "
-                f"{cfg.init.checkpoint or 'init.model'}); set {name}={model.max_seq_len} or lower"
+            where = (
+                f"the max_seq_len of {cfg.init.checkpoint}"
+                if cfg.init.checkpoint
+                else "init.model.max_seq_len"
+            )
+            raise InputError(
+                f"{name}={value} exceeds the backbone's {model.max_seq_len} positions ({where}); set "
+                f"{name}={model.max_seq_len} or lower"
             )
 
 
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
     """Train under ``cfg.strategy`` with `pretrain fit`'s Trainer (``build_trainer``: DDP, FSDP2, DeepSpeed ZeRO;
     ``last.ckpt`` every ``checkpoint.every_n_steps``, resumed by ``resume``), evaluate the whole validation
-    file, write ``results.json`` (and ``finetuned.pt``); return the results."""
+    file, write ``results.json`` (and ``finetuned.pt``); return the results. One writer of ``run_dir``."""
+    from pretrain.datamodules.storage import run_lock
+
+    with run_lock(cfg.run_dir, "`pretrain finetune`"):
+        return _run(cfg)
+
+
+def _run(cfg: FinetuneConfig) -> dict[str, Any]:
+    from pretrain.finetuning.checkpoint import FINETUNE_RESUME
     from pretrain.finetuning.lora import parameter_counts
-    from pretrain.training.checkpoint.resume import check_resumable
+    from pretrain.training.checkpoint.io import payload
+    from pretrain.training.checkpoint.resume import check_resumable, compare_for_resume
     from pretrain.training.setup import resume_path
     from pretrain.training.trainer import build_trainer
 
+    ckpt = resume_path(cfg)
+    changes: list[str] = []
+    if ckpt is not None:  # before the backbone and the data are read
+        check_resumable(cfg.strategy.name, ckpt)
+        saved, current = payload(ckpt), {"finetune": dataclasses.asdict(cfg)}
+        changes = compare_for_resume(FINETUNE_RESUME, saved, current, cfg.resume_allow, ckpt)
     parts = build_parts(cfg)
     module, datamodule = parts["module"], parts["datamodule"]
+    module.resume_changes = frozenset(changes)
     # a head's checkpoints carry the tokenizer with the run's template and truncation: exported, it encodes as
     # training did (`[CLS] A [SEP]` ...); text-to-text keeps the backbone's
     tokenizer = parts["tokenizer"] if cfg.head.kind == "text2text" else datamodule.tokenizer
     module.payload = finetune_payload(cfg, module.model, tokenizer, parts["roles"], parts["label_names"])
-    ckpt = resume_path(cfg)
-    if ckpt is not None:
-        check_resumable(cfg.strategy.name, ckpt)
     trainer = build_trainer(cfg, dataclasses.asdict(cfg))
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
@@ -113,5 +136,5 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         if cfg.save:
             save_finetuned(out / "finetuned.pt", cfg.checkpoint_dir / "last.ckpt")
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results

@@ -12,12 +12,23 @@ Self-attention (query at absolute position p = past_len + q, key at k):
     sparse(p, k) = |p - k| < window (encoder) or 0 <= p - k < window (decoder)          [all keys if window = 0]
                    or min(p, k) < global_tokens or global_id[p] or global_id[k]          (Longformer / BigBird)
                    or random[p // block, k // block]                                      (BigBird random blocks)
-    allowed(p, k) = sparse & (k <= p or k < prefix_length)  [causal only]  & same document & key is real
+    allowed(p, k) = sparse & (k <= p or k < prefix_length or prefix[k])  [causal only]
+                    & doc[p] == doc[k] & key is real
                     or k == p                                (no row is fully masked)
+
+Packed documents: ``doc`` (B, S) holds each token's document id, indexed by absolute position for query and key
+alike, so the same mask_mod serves a shard of the queries at any offset (context parallelism: past_len = the
+shard's first position). ``prefix`` (B, S) marks the tokens of each document's bidirectional prefix (prefix LM
+over packed documents). Cross-attention (decoder query q, encoder key k): ``doc_dec[q] == doc_enc[k]`` & key is
+real; a padding query (document id < 0) reads key 0 only, so no row is fully masked (its output is unused).
 
 The random table draws r key blocks per query block from ``torch.Generator().manual_seed(seed)`` (decoders draw
 among past blocks only), so a pattern is a pure function of the config and the length: a checkpoint evaluates
 identically. One pattern is shared by all heads and layers (BigBird draws one per head and layer).
+
+Context parallelism (``pretrain.parallel.context``): a rank holds the queries at ``query_positions`` (T,) of the
+whole sequence, which stand for p in place of past_len + q, and the keys of every rank (``AttentionMask.gather``
+all-gathers them before the kernel); the per-token tensors read at p (document ids, global ids) then span the keys.
 
 flex_attention has no backward on CPU (torch 2.13 raises NotImplementedError) and no dropout, and a compiled
 kernel recompiles for every new key length; so the flex backend computes through SDPA, on the dense mask of the
@@ -86,7 +97,9 @@ def random_block_table(n_blocks: int, r: int, seed: int, causal: bool) -> Tensor
 @dataclass
 class MaskInputs:
     """Everything a self- or cross-attention mask is built from. Tensors: key_mask (B, S) True = real key,
-    document_ids (B, T), prefix_lengths (B,), global_ids (B, T) True = global token; random_table: the pattern's
+    document_ids (B, S) by absolute position (cross-attention: the queries' (B, T)), key_document_ids (B, S) the
+    encoder's (cross-attention), prefix_lengths (B,), prefix_keys (B, S) True = in its document's prefix,
+    global_ids (B, T) True = global token; random_table: the pattern's
     ``random_block_table`` for ``min_blocks`` blocks, already on the device (a stack buffer, so a compiled
     forward draws nothing: a generator inside the graph is a graph break); drawn here if the keys need more."""
 
@@ -101,17 +114,28 @@ class MaskInputs:
     global_ids: Tensor | None = None
     pattern: SparsePattern | None = None
     random_table: Tensor | None = None
+    prefix_keys: Tensor | None = None
+    key_document_ids: Tensor | None = None
+    query_positions: Tensor | None = None  # (T,) absolute position of each query (context parallelism)
+
+    def _batched(self) -> tuple[Tensor | None, ...]:
+        return (
+            self.key_mask,
+            self.document_ids,
+            self.prefix_lengths,
+            self.global_ids,
+            self.prefix_keys,
+            self.key_document_ids,
+        )
 
     @property
     def batch_free(self) -> bool:
         """True when the mask is the same for every sample (so it can be cached across steps)."""
-        return all(
-            t is None for t in (self.key_mask, self.document_ids, self.prefix_lengths, self.global_ids)
-        )
+        return all(t is None for t in self._batched())
 
     @property
     def batch(self) -> int:
-        for t in (self.key_mask, self.document_ids, self.prefix_lengths, self.global_ids):
+        for t in self._batched():
             if t is not None:
                 return t.shape[0]
         return 1
@@ -120,9 +144,10 @@ class MaskInputs:
         """The ``mask_mod`` of the module docstring; works on scalars (flex) and broadcast index grids (sdpa)."""
         key_mask = None if self.key_mask is None else self.key_mask.to(device=device, dtype=torch.bool)
         if self.cross:
-            return lambda b, h, q, k: key_mask[b, k]
+            return self._cross_mask_mod(key_mask)
         past, pattern = self.past_len, self.pattern
         docs, prefix, global_ids = self.document_ids, self.prefix_lengths, self.global_ids
+        prefix_keys = self.prefix_keys
         table = None
         if pattern is not None and pattern.random_blocks:
             n_blocks = max(pattern.min_blocks, -(-self.key_len // pattern.block_size))
@@ -131,8 +156,12 @@ class MaskInputs:
                 table = random_block_table(n_blocks, pattern.random_blocks, pattern.seed, pattern.causal)
             table = table.to(device)
 
+        positions = self.query_positions
+        if positions is not None:
+            positions = positions.to(device)
+
         def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-            p = q + past
+            p = q + past if positions is None else positions[q]
             sparse = []  # alternatives a sparse pattern allows
             if pattern is not None and pattern.window:
                 sparse.append(
@@ -143,24 +172,39 @@ class MaskInputs:
             if table is not None:
                 sparse.append(table[p // pattern.block_size, k // pattern.block_size])
             if global_ids is not None:
-                sparse.append(global_ids[b, q] | global_ids[b, k])
+                sparse.append(global_ids[b, p] | global_ids[b, k])
             ok = functools.reduce(torch.logical_or, sparse) if sparse else k >= 0
             if self.causal:
                 past_or_prefix = k <= p
                 if prefix is not None:
                     past_or_prefix = past_or_prefix | (k < prefix[b])
+                if prefix_keys is not None:
+                    past_or_prefix = past_or_prefix | prefix_keys[b, k]
                 ok = ok & past_or_prefix
             if docs is not None:
-                ok = ok & (docs[b, q] == docs[b, k])
+                ok = ok & (docs[b, p] == docs[b, k])
             if key_mask is not None:
                 ok = ok & key_mask[b, k]
             return ok | (k == p)
 
         return mask_mod
 
+    def _cross_mask_mod(self, key_mask: Tensor | None) -> MaskMod:
+        """Cross-attention: real keys of the query's own document (module docstring)."""
+        query_docs, key_docs = self.document_ids, self.key_document_ids
+
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+            ok = key_mask[b, k] if key_mask is not None else k >= 0
+            if query_docs is None:
+                return ok
+            return (ok & (query_docs[b, q] == key_docs[b, k])) | ((query_docs[b, q] < 0) & (k == 0))
+
+        return mask_mod
+
     def needs_mask(self) -> bool:
         """False when SDPA needs no explicit mask (full attention, or plain causal from position 0)."""
         plain = self.batch_free and (self.pattern is None or not self.pattern.active)
+        plain = plain and self.query_positions is None
         return not (plain and (not self.causal or self.query_len == 1 or self.past_len == 0))
 
     def dense(self, device: torch.device) -> Tensor:
@@ -187,7 +231,8 @@ class AttentionMask:
     ``dropout`` (attention dropout is active: flex has none). ``bias``: T5
     relative bias as ``(dense () -> (B|1, h, T, S), score_mod)``; SDPA gets the dense bias with the mask folded
     in (masked logits = finfo.min), flex_attention the score_mod. ``cache``: a dict kept by the stack; block masks
-    that depend only on shapes (no padding, documents, prefixes, global ids) are reused across steps.
+    that depend only on shapes (no padding, documents, prefixes, global ids) are reused across steps. ``gather``:
+    keys or values (B, g, S_local, d_h) -> (B, g, S, d_h) of the whole sequence (context parallelism).
     """
 
     def __init__(
@@ -198,7 +243,9 @@ class AttentionMask:
         bias: tuple[Callable[[], Tensor], ScoreMod] | None = None,
         cache: dict | None = None,
         dropout: bool = False,
+        gather: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
+        self.gather = gather
         grad = torch.is_grad_enabled() and x.requires_grad
         cpu_grad = grad and x.device.type in ("cpu", "mps")
         self.flex = backend == "flex" and not inputs.past_len and not cpu_grad and not dropout
@@ -251,6 +298,8 @@ def attend(
 ) -> Tensor:
     """q (B, h, T, d_h), k and v (B, g, S, d_h) with g dividing h -> (B, h, T, d_h); ``scale`` None means
     1/sqrt(d_h)."""
+    if mask is not None and mask.gather is not None:
+        k, v = mask.gather(k), mask.gather(v)
     gqa = k.shape[1] != q.shape[1]
     if mask is not None and mask.flex:
         kernel = flex_attention if torch.compiler.is_compiling() else _compiled_flex()

@@ -8,17 +8,59 @@ Axes: B batch, C choices, T length, d model width, K labels. A sequence is summa
     mean    sum_t m[b,t] h[b,t] / sum_t m[b,t]   T5: the mean of the encoder output (Sentence-T5)
 
 and the heads are ``dropout -> linear``, as in HF's ``BertFor*`` / ``GPT2ForSequenceClassification`` (same logits
-given the same weights). ``TaskModel`` couples a backbone and a head; encoder-decoder models run their encoder only, and
+given the same weights). Unpadded batches (``Packing``: examples packed into rows, kept apart by document ids; see
+``pretrain.datamodules.unpadded``) pool each example from its own tokens: the same vectors as padded. ``TaskModel`` couples a backbone and a head; encoder-decoder models run their encoder only, and
 the backbone's unused parts (LM head, T5 decoder, an unused pooler) are removed.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
+from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
+
+
+class Packing(NamedTuple):
+    """Where a packed batch's examples sit (``pretrain.datamodules.unpadded``): document_ids, position_ids and
+    example_ids (R, C), -1 on leftover slots; first, last (B,) flat indices of each example's first / last token."""
+
+    document_ids: Tensor
+    position_ids: Tensor
+    example_ids: Tensor
+    first: Tensor
+    last: Tensor
+
+    @classmethod
+    def of(cls, batch: dict[str, Tensor]) -> Packing | None:
+        """The packing of a batch from ``PackedCollate`` (None for a padded batch)."""
+        if "example_ids" not in batch:
+            return None
+        keys = ("document_ids", "position_ids", "example_ids", "example_first", "example_last")
+        return cls(*(batch[k] for k in keys))
+
+
+def pool_packed(hidden: Tensor, packing: Packing, pooling: str) -> Tensor:
+    """hidden (R, C, d) of a packed batch -> (B, d): each example's first / last token, or the mean of its own."""
+    flat = hidden.flatten(0, 1)
+    if pooling in ("first", "pooler"):
+        return flat[packing.first]
+    if pooling == "last":
+        return flat[packing.last]
+    if pooling == "mean":
+        examples = packing.example_ids.flatten()
+        real = examples >= 0
+        sums = flat.new_zeros(len(packing.first), flat.shape[1]).index_add_(0, examples[real], flat[real])
+        counts = flat.new_zeros(len(packing.first)).index_add_(
+            0, examples[real], flat.new_ones(int(real.sum()))
+        )
+        return sums / counts.clamp_min(1.0)[:, None]
+    raise ValueError(f"unknown pooling {pooling!r}")
+
 
 KINDS = ("sequence", "token", "multiple_choice")
 POOLINGS: dict[str, tuple[str, ...]] = {  # allowed poolings per architecture; the first one is the default
@@ -46,11 +88,11 @@ def check_head(config: ModelConfig, kind: str, pooling: str) -> None:
             "encoder": "encoders are summarised by their first token, BERT's pooler or the mean",
             "encoder-decoder": "T5 is summarised by its encoder output",
         }[config.arch]
-        raise ValueError(
+        raise InputError(
             f"pooling {pooling!r} does not fit arch {config.arch!r} ({why}); use one of {list(allowed)}"
         )
     if pooling == "pooler" and not config.pooler:
-        raise ValueError("pooling 'pooler' needs a backbone with BERT's pooler (config.pooler); use 'first'")
+        raise InputError("pooling 'pooler' needs a backbone with BERT's pooler (config.pooler); use 'first'")
 
 
 def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
@@ -121,8 +163,14 @@ class TaskModel(nn.Module):
         self.head = SequenceHead(cfg.d_model, num_labels, dropout, bias=cfg.arch != "decoder")
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        packing: Packing | None = None,
     ) -> Tensor:
+        if packing is not None:
+            return self._forward_packed(input_ids, attention_mask, token_type_ids, packing)
         choices = None
         if self.kind == "multiple_choice":
             if input_ids.dim() != 3:
@@ -145,3 +193,26 @@ class TaskModel(nn.Module):
             pooled = pool(hidden, attention_mask, self.pooling)
         logits = self.head(pooled)
         return logits.view(-1, choices) if choices is not None else logits
+
+    def _forward_packed(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        token_type_ids: Tensor | None,
+        packing: Packing,
+    ) -> Tensor:
+        """Sequence heads on a packed batch (R, C) -> (B, K)."""
+        if self.kind != "sequence":
+            raise ValueError(f"packed (unpadded) batches need a sequence head, got kind {self.kind!r}")
+        where = {"document_ids": packing.document_ids, "position_ids": packing.position_ids}
+        if self.backbone.config.arch == "encoder-decoder":
+            hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, **where)
+        else:
+            out = self.backbone(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **where
+            )
+            hidden = out.hidden_states
+        pooled = pool_packed(hidden, packing, self.pooling)
+        if self.pooling == "pooler":
+            pooled = self.backbone.pooler(pooled[:, None])
+        return self.head(pooled)

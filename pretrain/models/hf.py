@@ -1,13 +1,18 @@
-"""Hugging Face interop: ``from_hf`` / ``to_hf`` / ``save_hf`` for GPT-2, BERT, BigBird, T5, Llama and Mistral.
+"""Hugging Face interop: ``from_hf`` / ``to_hf`` / ``save_hf`` for GPT-2, BERT, BigBird, T5, Llama, Mistral and
+ModernBERT.
 
 transformers is used only here and only for conversion. Each family is a pair of config translations plus a table
-of weight rules ``(our name, HF names, transpose)``: our tensor is the concatenation along dim 0 of the HF tensors
-(fused q|k|v and gate|up projections), transposed first for GPT-2's ``Conv1D``. ``to_hf`` checks that the HF config
+of weight rules ``(our names, HF names, transpose)``: our tensors and the HF tensors hold the same rows, each side
+concatenated along dim 0 (GPT-2's fused q|k|v ``c_attn`` is our q, k, v), HF's transposed first for GPT-2's
+``Conv1D``. ``to_hf`` checks that the HF config
 it builds converts back to the same architecture, so a model HF cannot express raises ``ValueError`` naming the
 fields instead of exporting something else. Mistral is Llama plus ``sliding_window`` (our ``attention_window``,
 the same 0 <= q - k < w rule); BigBird is supported in its ``original_full`` attention mode only: ``block_sparse``
 draws its random blocks from numpy's global RNG inside the forward (and makes the first and last blocks global),
-which our seeded pattern does not reproduce.
+which our seeded pattern does not reproduce. ModernBERT is our pre-norm encoder with a normed embedding, GeGLU and
+global attention every k layers: its local layers' ``local_attention`` L (|q - k| <= L / 2) is our
+``local_attention_window`` L / 2 + 1 (|q - k| < w), its full / sliding ``rope_theta`` our ``rope_theta`` /
+``local_rope_theta``.
 
 transformers 5 notes: T5 always ties ``lm_head`` to ``shared`` in a freshly built model and reads the old
 ``tie_word_embeddings=False`` as "do not scale decoder outputs" (``scale_decoder_outputs``); an untied T5 (v1.1)
@@ -18,6 +23,7 @@ detected from the parameters themselves, never from the config.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +32,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from pretrain.models.config import ModelConfig
+from pretrain.datamodules.storage import STAGING_MARK, permissions_as_umask, staged_directory
+from pretrain.errors import InputError
+from pretrain.models.config import ROPE_SCALINGS, ModelConfig, RopeScaling
 from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Attention, Transformer
 
-Rule = tuple[str, tuple[str, ...], bool]  # (our key, HF keys concatenated on dim 0, transpose each HF tensor)
+Rule = tuple[
+    tuple[str, ...], tuple[str, ...], bool
+]  # (our keys, HF keys: the same rows; transpose each HF one)
 
 # Fields that do not change the function a model computes (or have no HF counterpart); not compared by to_hf.
 _UNCHECKED = {
@@ -47,11 +57,17 @@ _UNCHECKED = {
 }
 
 
-def _linear(ours: str, hf: list[str], bias: bool, transpose: bool = False) -> list[Rule]:
-    rules = [(f"{ours}.weight", tuple(f"{k}.weight" for k in hf), transpose)]
+def _linear(ours: str | list[str], hf: list[str], bias: bool, transpose: bool = False) -> list[Rule]:
+    ours = [ours] if isinstance(ours, str) else ours
+    rules = [(tuple(f"{k}.weight" for k in ours), tuple(f"{k}.weight" for k in hf), transpose)]
     if bias:
-        rules.append((f"{ours}.bias", tuple(f"{k}.bias" for k in hf), False))
+        rules.append((tuple(f"{k}.bias" for k in ours), tuple(f"{k}.bias" for k in hf), False))
     return rules
+
+
+def _projections(ours: str, hf: str, pairs: dict[str, str], bias: bool) -> list[Rule]:
+    """One rule per linear: ``{our name: HF name}`` under the prefixes ``ours`` and ``hf``."""
+    return [r for mine, theirs in pairs.items() for r in _linear(f"{ours}.{mine}", [f"{hf}.{theirs}"], bias)]
 
 
 def _norm(ours: str, hf: str, bias: bool) -> list[Rule]:
@@ -63,9 +79,21 @@ def _first(token_id: Any) -> int | None:
     return token_id[0] if isinstance(token_id, list | tuple) else token_id
 
 
+def _sizes(c: Any) -> dict[str, int]:
+    """The sizes BERT, BigBird, Llama, Mistral and ModernBERT configs name alike."""
+    return {
+        "vocab_size": c.vocab_size,
+        "d_model": c.hidden_size,
+        "n_layer": c.num_hidden_layers,
+        "n_head": c.num_attention_heads,
+        "d_ff": c.intermediate_size,
+        "max_seq_len": c.max_position_embeddings,
+    }
+
+
 def _lookup(table: dict[str, str], key: str, what: str) -> str:
     if key not in table:
-        raise ValueError(f"{what}={key!r} is not supported; supported: {sorted(table)}")
+        raise InputError(f"{what}={key!r} is not supported; supported: {sorted(table)}")
     return table[key]
 
 
@@ -81,7 +109,7 @@ _GPT2_ACT = {
 
 def _gpt2_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     if c.add_cross_attention or c.scale_attn_by_inverse_layer_idx:
-        raise ValueError("GPT-2 with add_cross_attention or scale_attn_by_inverse_layer_idx is not supported")
+        raise InputError("GPT-2 with add_cross_attention or scale_attn_by_inverse_layer_idx is not supported")
     return ModelConfig(
         arch="decoder",
         vocab_size=c.vocab_size,
@@ -134,7 +162,7 @@ def _gpt2_rules(cfg: ModelConfig) -> list[Rule]:
     for i in range(cfg.n_layer):
         ours, hf = f"decoder.blocks.{i}", f"transformer.h.{i}"
         rules += _norm(f"{ours}.norm1", f"{hf}.ln_1", True) + _norm(f"{ours}.norm2", f"{hf}.ln_2", True)
-        rules += _linear(f"{ours}.attn.qkv", [f"{hf}.attn.c_attn"], True, transpose=True)
+        rules += _linear([f"{ours}.attn.{n}" for n in "qkv"], [f"{hf}.attn.c_attn"], True, transpose=True)
         rules += _linear(f"{ours}.attn.out", [f"{hf}.attn.c_proj"], True, transpose=True)
         rules += _linear(f"{ours}.mlp.fc", [f"{hf}.mlp.c_fc"], True, transpose=True)
         rules += _linear(f"{ours}.mlp.proj", [f"{hf}.mlp.c_proj"], True, transpose=True)
@@ -147,7 +175,7 @@ _BERT_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu
 
 def _bert_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     if head and pooler:
-        raise ValueError(
+        raise InputError(
             "BertForMaskedLM has no pooler: set pooler=False, or lm_head=False to export BertModel"
         )
     return _bert_like_config(c, tied, head, pooler)
@@ -159,17 +187,12 @@ def _bert_like_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConf
         or c.add_cross_attention
         or getattr(c, "position_embedding_type", "absolute") != "absolute"
     ):
-        raise ValueError("only bidirectional BERT with absolute positions is supported (is_decoder=False)")
+        raise InputError("only bidirectional BERT with absolute positions is supported (is_decoder=False)")
     if c.type_vocab_size < 1:
-        raise ValueError("BERT always adds segment embeddings: type_vocab_size must be >= 1")
+        raise InputError("BERT always adds segment embeddings: type_vocab_size must be >= 1")
     return ModelConfig(
         arch="encoder",
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_layer=c.num_hidden_layers,
-        n_head=c.num_attention_heads,
-        d_ff=c.intermediate_size,
-        max_seq_len=c.max_position_embeddings,
+        **_sizes(c),
         norm="layernorm",
         norm_eps=c.layer_norm_eps,
         norm_position="post",
@@ -222,8 +245,8 @@ def _bert_rules(cfg: ModelConfig, pooler: str = "pooler.dense") -> list[Rule]:
     rules += _norm("embed.norm", f"{p}embeddings.LayerNorm", True)
     for i in range(cfg.n_layer):
         ours, hf = f"encoder.blocks.{i}", f"{p}encoder.layer.{i}"
-        rules += _linear(
-            f"{ours}.attn.qkv", [f"{hf}.attention.self.{n}" for n in ("query", "key", "value")], True
+        rules += _projections(
+            f"{ours}.attn", f"{hf}.attention.self", {"q": "query", "k": "key", "v": "value"}, True
         )
         rules += _linear(f"{ours}.attn.out", [f"{hf}.attention.output.dense"], True)
         rules += _norm(f"{ours}.norm1", f"{hf}.attention.output.LayerNorm", True)
@@ -239,8 +262,8 @@ def _bert_rules(cfg: ModelConfig, pooler: str = "pooler.dense") -> list[Rule]:
         # adds decoder.bias and cls.predictions.bias is unused (to_hf sets it equal)
         bias = "cls.predictions.bias" if cfg.tie_embeddings else "cls.predictions.decoder.bias"
         rules += [
-            ("lm_head.weight", ("cls.predictions.decoder.weight",), False),
-            ("lm_head.bias", (bias,), False),
+            (("lm_head.weight",), ("cls.predictions.decoder.weight",), False),
+            (("lm_head.bias",), (bias,), False),
         ]
     return rules
 
@@ -248,12 +271,12 @@ def _bert_rules(cfg: ModelConfig, pooler: str = "pooler.dense") -> list[Rule]:
 # -------------------------------------------------------------------------------------------------------- BigBird
 def _bigbird_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     if c.attention_type != "original_full":
-        raise ValueError(
+        raise InputError(
             f"BigBirdConfig.attention_type={c.attention_type!r} is not supported: block_sparse draws its random "
             "blocks from numpy's global RNG, which cannot be reproduced; use attention_type='original_full'"
         )
     if c.rescale_embeddings or not c.use_bias:
-        raise ValueError("BigBird with rescale_embeddings=True or use_bias=False is not supported")
+        raise InputError("BigBird with rescale_embeddings=True or use_bias=False is not supported")
     return dataclasses.replace(
         _bert_like_config(c, tied, head, pooler), attn_dropout=c.attention_probs_dropout_prob
     )
@@ -295,7 +318,7 @@ _T5_FF_PROJ = {
 def _t5_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     act = _T5_ACT.get((c.is_gated_act, c.dense_act_fn))
     if act is None:
-        raise ValueError(f"T5Config.feed_forward_proj={c.feed_forward_proj!r} is not supported")
+        raise InputError(f"T5Config.feed_forward_proj={c.feed_forward_proj!r} is not supported")
     start = getattr(c, "decoder_start_token_id", None)
     return ModelConfig(
         arch="encoder-decoder",
@@ -348,7 +371,8 @@ def _t5_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
 
 
 def _t5_rules(cfg: ModelConfig) -> list[Rule]:
-    fc = ["wi_0", "wi_1"] if cfg.gated else ["wi"]
+    mlp = {"gate": "wi_0", "fc": "wi_1", "proj": "wo"} if cfg.gated else {"fc": "wi", "proj": "wo"}
+    attention = {n: n for n in "qkv"} | {"out": "o"}
     rules = _linear("embed.tok", ["shared"], False)
     for side, n_layer in (("encoder", cfg.n_layer), ("decoder", cfg.n_decoder_layer)):
         rules += _linear(
@@ -360,18 +384,14 @@ def _t5_rules(cfg: ModelConfig) -> list[Rule]:
             ours, hf = f"{side}.blocks.{i}", f"{side}.block.{i}.layer"
             attn = f"{hf}.0.SelfAttention"
             rules += _norm(f"{ours}.norm1", f"{hf}.0.layer_norm", False)
-            rules += _linear(f"{ours}.attn.qkv", [f"{attn}.{n}" for n in "qkv"], False)
-            rules += _linear(f"{ours}.attn.out", [f"{attn}.o"], False)
+            rules += _projections(f"{ours}.attn", attn, attention, False)
             ff = f"{hf}.1"
             if side == "decoder":
                 cross, ff = f"{hf}.1.EncDecAttention", f"{hf}.2"
                 rules += _norm(f"{ours}.norm_cross", f"{hf}.1.layer_norm", False)
-                rules += _linear(f"{ours}.cross_attn.q", [f"{cross}.q"], False)
-                rules += _linear(f"{ours}.cross_attn.kv", [f"{cross}.k", f"{cross}.v"], False)
-                rules += _linear(f"{ours}.cross_attn.out", [f"{cross}.o"], False)
+                rules += _projections(f"{ours}.cross_attn", cross, attention, False)
             rules += _norm(f"{ours}.norm2", f"{ff}.layer_norm", False)
-            rules += _linear(f"{ours}.mlp.fc", [f"{ff}.DenseReluDense.{n}" for n in fc], False)
-            rules += _linear(f"{ours}.mlp.proj", [f"{ff}.DenseReluDense.wo"], False)
+            rules += _projections(f"{ours}.mlp", f"{ff}.DenseReluDense", mlp, False)
         rules += _norm(f"{side}.norm", f"{side}.final_layer_norm", False)
     return rules + _linear("lm_head", ["lm_head"], False)
 
@@ -386,21 +406,66 @@ _LLAMA_ACT = {
 }
 
 
+def _rope_scaling(rope: dict[str, Any], max_position_embeddings: int) -> RopeScaling | None:
+    """transformers' ``rope_parameters`` -> our ``RopeScaling`` (None for ``default``); ValueError in one line for a
+    type or option we do not compute."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in ROPE_SCALINGS:
+        raise InputError(f"rope_type={kind!r} is not supported; supported: {['default', *ROPE_SCALINGS]}")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise InputError(f"partial_rotary_factor={rope['partial_rotary_factor']} is not supported (only 1.0)")
+    original = rope.get("original_max_position_embeddings") or max_position_embeddings
+    factor = rope.get("factor")
+    if factor is None and kind == "yarn":  # DeepSeek-V3: the ratio of the two lengths
+        factor = max_position_embeddings / original
+    used = RopeScaling.USES[kind]
+    options = {
+        "original_max_seq_len": max_position_embeddings if kind == "dynamic" else original,
+        "low_freq_factor": rope.get("low_freq_factor"),
+        "high_freq_factor": rope.get("high_freq_factor"),
+        "beta_fast": rope.get("beta_fast") or 32.0,  # transformers reads a missing or 0 value as the default
+        "beta_slow": rope.get("beta_slow") or 1.0,
+        "attention_factor": rope.get("attention_factor"),
+        "mscale": rope.get("mscale"),
+        "mscale_all_dim": rope.get("mscale_all_dim"),
+        "truncate": rope.get("truncate", True),
+    }
+    return RopeScaling(type=kind, factor=factor, **{k: v for k, v in options.items() if k in used})
+
+
+def _hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    """``rope_parameters`` of transformers for ``cfg.rope_theta`` and ``cfg.rope_scaling`` (inverse of
+    :func:`_rope_scaling`)."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    s = cfg.rope_scaling
+    if s is None:
+        return params
+    params |= {"rope_type": s.type, "factor": s.factor}
+    if s.type in ("yarn", "llama3"):
+        params["original_max_position_embeddings"] = s.original_max_seq_len
+    if s.type == "llama3":
+        params |= {"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor}
+    if s.type == "yarn":
+        params |= {"beta_fast": s.beta_fast, "beta_slow": s.beta_slow, "truncate": s.truncate}
+        optional = {
+            "attention_factor": s.attention_factor,
+            "mscale": s.mscale,
+            "mscale_all_dim": s.mscale_all_dim,
+        }
+        params |= {k: v for k, v in optional.items() if v is not None}
+    return params
+
+
 def _llama_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
     """Llama, and Mistral (no bias options, ``sliding_window``)."""
     rope = c.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"Llama rope_type={rope.get('rope_type')!r} is not supported (only 'default')")
     return ModelConfig(
         arch="decoder",
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_layer=c.num_hidden_layers,
-        n_head=c.num_attention_heads,
+        **_sizes(c),
         n_kv_head=c.num_key_value_heads,
         head_dim=c.head_dim,
-        d_ff=c.intermediate_size,
-        max_seq_len=c.max_position_embeddings,
         norm="rmsnorm",
         norm_bias=False,
         norm_eps=c.rms_norm_eps,
@@ -410,6 +475,7 @@ def _llama_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
         attention_window=getattr(c, "sliding_window", None) or 0,
         position="rope",
         rope_theta=rope.get("rope_theta", 1e4),
+        rope_scaling=_rope_scaling(rope, c.max_position_embeddings),
         tie_embeddings=tied,
         attn_dropout=c.attention_dropout,
         init="bert",
@@ -434,7 +500,7 @@ def _rope_decoder_kwargs(cfg: ModelConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": _hf_rope_parameters(cfg),
         "attention_dropout": cfg.attn_dropout,
         "initializer_range": cfg.init_std,
         "pad_token_id": cfg.pad_token_id,
@@ -459,11 +525,130 @@ def _llama_rules(cfg: ModelConfig) -> list[Rule]:
         ours, hf = f"decoder.blocks.{i}", f"model.layers.{i}"
         rules += _norm(f"{ours}.norm1", f"{hf}.input_layernorm", False)
         rules += _norm(f"{ours}.norm2", f"{hf}.post_attention_layernorm", False)
-        rules += _linear(f"{ours}.attn.qkv", [f"{hf}.self_attn.{n}_proj" for n in "qkv"], cfg.attn_bias)
-        rules += _linear(f"{ours}.attn.out", [f"{hf}.self_attn.o_proj"], cfg.attn_bias)
-        rules += _linear(f"{ours}.mlp.fc", [f"{hf}.mlp.gate_proj", f"{hf}.mlp.up_proj"], cfg.mlp_bias)
-        rules += _linear(f"{ours}.mlp.proj", [f"{hf}.mlp.down_proj"], cfg.mlp_bias)
+        attention = {n: f"{n}_proj" for n in "qkv"} | {"out": "o_proj"}
+        rules += _projections(f"{ours}.attn", f"{hf}.self_attn", attention, cfg.attn_bias)
+        mlp = {"gate": "gate_proj", "fc": "up_proj", "proj": "down_proj"}
+        rules += _projections(f"{ours}.mlp", f"{hf}.mlp", mlp, cfg.mlp_bias)
     return rules + _norm("decoder.norm", "model.norm", False) + _linear("lm_head", ["lm_head"], False)
+
+
+# ------------------------------------------------------------------------------------------------------ ModernBERT
+_MODERNBERT_ACT = {
+    "gelu": "geglu",
+    "gelu_pytorch_tanh": "geglu_tanh",
+    "gelu_new": "geglu_tanh",
+    "silu": "swiglu",
+}
+_MODERNBERT_HEAD_ACT = {"geglu": "gelu", "geglu_tanh": "gelu_pytorch_tanh", "swiglu": "silu"}  # the gate's
+
+
+def _every_n_layers(layer_types: list[str]) -> int:
+    """k of ``layer_types`` = ["full_attention" if i % k == 0 else "sliding_attention"]; ValueError otherwise."""
+    n = len(layer_types)
+    for k in range(1, n + 1):
+        if layer_types == ["sliding_attention" if i % k else "full_attention" for i in range(n)]:
+            return k
+    raise InputError(
+        f"ModernBertConfig.layer_types={layer_types} is not 'full_attention every k layers, sliding between'"
+    )
+
+
+def _modernbert_config(c: Any, tied: bool, head: bool, pooler: bool) -> ModelConfig:
+    full, sliding = c.rope_parameters["full_attention"], c.rope_parameters["sliding_attention"]
+    scaling = _rope_scaling(full, c.max_position_embeddings)
+    if scaling != _rope_scaling(sliding, c.max_position_embeddings):
+        raise InputError(
+            "ModernBERT with a different rope scaling for full and sliding layers is not supported"
+        )
+    act = _lookup(_MODERNBERT_ACT, c.hidden_activation, "ModernBertConfig.hidden_activation")
+    if c.classifier_activation != c.hidden_activation:
+        raise InputError(
+            f"ModernBertConfig.classifier_activation={c.classifier_activation!r} must equal hidden_activation "
+            f"({c.hidden_activation!r}): our MLM head uses the MLP's activation"
+        )
+    k = _every_n_layers(list(c.layer_types))
+    return ModelConfig(
+        arch="encoder",
+        **_sizes(c),
+        norm="layernorm",
+        norm_bias=c.norm_bias,
+        norm_eps=c.norm_eps,
+        norm_position="pre",
+        embedding_norm=True,
+        activation=act,
+        mlp_bias=c.mlp_bias,
+        attn_bias=c.attention_bias,
+        position="rope",
+        rope_theta=full["rope_theta"],
+        rope_scaling=scaling,
+        global_attn_every_n_layers=k,
+        local_attention_window=c.local_attention // 2 + 1 if k > 1 else 0,  # |q - k| <= local_attention / 2
+        local_rope_theta=sliding["rope_theta"] if k > 1 else None,
+        tie_embeddings=tied,
+        lm_head_bias=c.decoder_bias,
+        mlm_head_transform=True,
+        mlm_head_bias=c.classifier_bias,
+        dropout=c.embedding_dropout,
+        attn_dropout=c.attention_dropout,
+        init="gpt2",
+        init_std=c.initializer_range,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=_first(c.eos_token_id),
+    )
+
+
+def _modernbert_hf_config(cfg: ModelConfig, transformers: Any) -> Any:
+    k = cfg.global_attn_every_n_layers
+    full = _hf_rope_parameters(cfg)
+    sliding = {**full, "rope_theta": cfg.local_rope_theta if k > 1 else cfg.rope_theta}
+    return transformers.ModernBertConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        hidden_activation=_MODERNBERT_HEAD_ACT.get(cfg.activation, "gelu"),
+        classifier_activation=_MODERNBERT_HEAD_ACT.get(cfg.activation, "gelu"),
+        max_position_embeddings=cfg.max_seq_len,
+        initializer_range=cfg.init_std,
+        norm_eps=cfg.norm_eps,
+        norm_bias=cfg.norm_bias,
+        attention_bias=cfg.attn_bias,
+        mlp_bias=cfg.mlp_bias,
+        decoder_bias=cfg.lm_head_bias,
+        classifier_bias=cfg.mlm_head_bias,
+        attention_dropout=cfg.attn_dropout,
+        embedding_dropout=cfg.dropout,
+        mlp_dropout=cfg.dropout,
+        global_attn_every_n_layers=k,
+        local_attention=2 * (cfg.local_attention_window - 1) if k > 1 else 128,
+        rope_parameters={"full_attention": full, "sliding_attention": sliding},
+        tie_word_embeddings=cfg.tie_embeddings,
+        pad_token_id=cfg.pad_token_id,
+        eos_token_id=cfg.eos_token_id,
+        bos_token_id=None,
+        cls_token_id=None,
+        sep_token_id=None,
+    )
+
+
+def _modernbert_rules(cfg: ModelConfig) -> list[Rule]:
+    rules = _linear("embed.tok", ["model.embeddings.tok_embeddings"], False)
+    rules += _norm("embed.norm", "model.embeddings.norm", cfg.norm_bias)
+    for i in range(cfg.n_layer):
+        ours, hf = f"encoder.blocks.{i}", f"model.layers.{i}"
+        if i > 0:  # layer 0 reads the normed embeddings (its attn_norm is an Identity)
+            rules += _norm(f"{ours}.norm1", f"{hf}.attn_norm", cfg.norm_bias)
+        rules += _linear([f"{ours}.attn.{n}" for n in "qkv"], [f"{hf}.attn.Wqkv"], cfg.attn_bias)
+        rules += _linear(f"{ours}.attn.out", [f"{hf}.attn.Wo"], cfg.attn_bias)
+        rules += _norm(f"{ours}.norm2", f"{hf}.mlp_norm", cfg.norm_bias)
+        # Wi = [input; gate]: act(input) * gate, our act(gate(x)) * fc(x)
+        rules += _linear([f"{ours}.mlp.gate", f"{ours}.mlp.fc"], [f"{hf}.mlp.Wi"], cfg.mlp_bias)
+        rules += _linear(f"{ours}.mlp.proj", [f"{hf}.mlp.Wo"], cfg.mlp_bias)
+    rules += _norm("encoder.norm", "model.final_norm", cfg.norm_bias)
+    rules += _linear("mlm_transform.dense", ["head.dense"], cfg.mlm_head_bias)
+    rules += _norm("mlm_transform.norm", "head.norm", cfg.norm_bias)
+    return rules + _linear("lm_head", ["decoder"], cfg.lm_head_bias)
 
 
 @dataclass(frozen=True)
@@ -480,13 +665,17 @@ _T5 = _Family("T5ForConditionalGeneration", _t5_config, _t5_hf_config, _t5_rules
 _LLAMA = _Family("LlamaForCausalLM", _llama_config, _llama_hf_config, _llama_rules)
 _BIGBIRD = _Family("BigBirdForMaskedLM", _bigbird_config, _bigbird_hf_config, _bigbird_rules)
 _MISTRAL = _Family("MistralForCausalLM", _llama_config, _mistral_hf_config, _llama_rules)
-_BY_CLASS = {f.name: f for f in (_GPT2, _BERT, _BIGBIRD, _T5, _LLAMA, _MISTRAL)} | {"BertModel": _BERT}
+_MODERNBERT = _Family("ModernBertForMaskedLM", _modernbert_config, _modernbert_hf_config, _modernbert_rules)
+_BY_CLASS = {f.name: f for f in (_GPT2, _BERT, _BIGBIRD, _T5, _LLAMA, _MISTRAL, _MODERNBERT)}
+_BY_CLASS["BertModel"] = _BERT
 
 
 def _family_of(cfg: ModelConfig) -> _Family:
     if cfg.arch == "encoder-decoder":
         return _T5
     if cfg.arch == "encoder":
+        if cfg.position == "rope":
+            return _MODERNBERT
         return _BIGBIRD if cfg.lm_head and cfg.pooler else _BERT
     if cfg.position == "rope":
         return _MISTRAL if cfg.attention_window else _LLAMA
@@ -494,7 +683,8 @@ def _family_of(cfg: ModelConfig) -> _Family:
 
 
 def _hf_class_name(cfg: ModelConfig) -> str:
-    return "BertModel" if cfg.arch == "encoder" and not cfg.lm_head else _family_of(cfg).name
+    family = _family_of(cfg)
+    return "BertModel" if family is _BERT and not cfg.lm_head else family.name
 
 
 def _is_tied(hf_model: Any) -> bool:
@@ -505,20 +695,21 @@ def _is_tied(hf_model: Any) -> bool:
 def from_hf(hf_model: Any) -> Transformer:
     """A :class:`Transformer` with the architecture and weights of a transformers GPT2LMHeadModel,
     BertForMaskedLM, BertModel (no LM head; pooler kept), BigBirdForMaskedLM (original_full),
-    T5ForConditionalGeneration, LlamaForCausalLM or MistralForCausalLM."""
+    T5ForConditionalGeneration, LlamaForCausalLM, MistralForCausalLM or ModernBertForMaskedLM."""
     name = type(hf_model).__name__
     if name not in _BY_CLASS:
-        raise ValueError(f"from_hf supports {sorted(_BY_CLASS)}, got {name}")
+        raise InputError(f"from_hf supports {sorted(_BY_CLASS)}, got {name}")
     family = _BY_CLASS[name]
     head = name != "BertModel"
     pooler = getattr(hf_model.base_model, "pooler", None) is not None  # BigBirdForMaskedLM keeps one
     config = family.config(hf_model.config, _is_tied(hf_model) if head else True, head, pooler)
     hf_state = hf_model.state_dict()
+    model = Transformer(config)
+    rows = {k: v.shape[0] for k, v in model.state_dict().items()}
     state = {}
     for ours, keys, transpose in family.rules(config):
-        parts = [hf_state[k].t() if transpose else hf_state[k] for k in keys]
-        state[ours] = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-    model = Transformer(config)
+        parts = torch.cat([hf_state[k].t() if transpose else hf_state[k] for k in keys])
+        state.update(zip(ours, parts.split([rows[k] for k in ours]), strict=True))
     model.load_state_dict(state, strict=True)
     return model.to(hf_model.dtype).train(hf_model.training)
 
@@ -559,17 +750,12 @@ def standard_equivalent(model: Transformer) -> Transformer:
             if key in state:
                 state[key] /= m
     if cfg.attn_scale == "default":
-        q_rows = cfg.n_head * cfg.head_dim
         for name, module in model.named_modules():
             if isinstance(module, Attention):
-                keys = (
-                    [f"{name}.q_norm.weight"]
-                    if cfg.qk_norm
-                    else [f"{name}.{'q' if module.cross else 'qkv'}.{p}" for p in ("weight", "bias")]
-                )
+                keys = [f"{name}.q_norm.weight"] if cfg.qk_norm else [f"{name}.q.weight", f"{name}.q.bias"]
                 for key in keys:
                     if key in state:
-                        state[key][:q_rows] *= cfg.mup_attn_multiplier * cfg.head_dim**-0.5
+                        state[key] *= cfg.mup_attn_multiplier * cfg.head_dim**-0.5
     folded.load_state_dict(state, strict=True)
     return folded.to(next(model.parameters()).dtype).train(model.training)
 
@@ -618,7 +804,7 @@ def to_hf(model: Transformer) -> Any:
     ]
     if diff:
         fields = ", ".join(f"{k}={getattr(cfg, k)!r} (HF gives {getattr(back, k)!r})" for k in diff)
-        raise ValueError(f"{_hf_class_name(cfg)} cannot express this model: {fields}")
+        raise InputError(f"{_hf_class_name(cfg)} cannot express this model: {fields}")
     hf_model = getattr(transformers, _hf_class_name(cfg))(hf_config)
     if cfg.lm_head and not cfg.tie_embeddings and _is_tied(hf_model):  # transformers 5 T5 always ties lm_head
         out = hf_model.get_output_embeddings()
@@ -628,9 +814,9 @@ def to_hf(model: Transformer) -> Any:
         }
     ours, hf_shapes = model.state_dict(), {k: v.shape for k, v in hf_model.state_dict().items()}
     state = {}
-    for key, keys, transpose in family.rules(cfg):
+    for mine, keys, transpose in family.rules(cfg):
         sizes = [hf_shapes[k][-1 if transpose else 0] for k in keys]
-        for k, part in zip(keys, ours[key].split(sizes, dim=0), strict=True):
+        for k, part in zip(keys, torch.cat([ours[m] for m in mine]).split(sizes), strict=True):
             state[k] = part.t() if transpose else part
     if "cls.predictions.decoder.bias" in state:  # untied BERT: the unused twin of the bias (see _bert_rules)
         state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
@@ -653,17 +839,23 @@ def _check_classifier(model: TaskModel) -> None:
     """``ValueError`` in one line when no transformers class computes ``model``'s logits."""
     cfg, pooling = model.backbone.config, model.pooling
     if model.kind != "sequence":
-        raise ValueError(
+        raise InputError(
             f"head.kind={model.kind!r} has no transformers export; export a sequence head or a text2text model"
         )
     if cfg.arch == "encoder-decoder":
-        raise ValueError(
+        raise InputError(
             "transformers' T5ForSequenceClassification classifies the decoder's state at the last EOS; this head "
             f"pools the encoder output ({pooling!r}), which no transformers class computes; finetune T5 with "
             "head.kind=text2text to export it"
         )
+    if cfg.arch == "encoder" and cfg.position == "rope":
+        raise InputError(
+            "ModernBertForSequenceClassification runs its prediction head (dense + activation + norm) on the "
+            f"pooled state before its classifier; this head classifies the {pooling!r}-pooled state directly, which "
+            "no transformers class computes; evaluate it with pretrain, or export the pretraining checkpoint"
+        )
     if cfg.arch == "encoder" and pooling != "pooler":
-        raise ValueError(
+        raise InputError(
             "BertForSequenceClassification classifies BERT's pooler output tanh(dense(h[:, 0])); this head pools "
             f"{pooling!r}, which no transformers class computes; finetune with head.pooling=pooler (a backbone "
             "with model.pooler: true) to export it"
@@ -767,8 +959,58 @@ def save_hf(
     hf_model = classifier_to_hf(model, label_names) if task else to_hf(model)
     if tokenizer is not None:
         set_token_ids(hf_model, special_token_ids(tokenizer, special_tokens))
-    hf_model.save_pretrained(out_dir, safe_serialization=True)
-    if tokenizer is not None:
-        max_length = (model.backbone if task else model).config.max_seq_len
-        hf_tokenizer(tokenizer, max_length, special_tokens).save_pretrained(out_dir)
+    with staged_directory(out_dir) as staging:  # out_dir never holds half an export
+        hf_model.save_pretrained(staging, safe_serialization=True)
+        if tokenizer is not None:
+            max_length = (model.backbone if task else model).config.max_seq_len
+            hf_tokenizer(tokenizer, max_length, special_tokens).save_pretrained(staging)
+        permissions_as_umask(staging)  # transformers writes the weights through a 0600 temporary file
     return out_dir
+
+
+def export_problem(directory: str | Path) -> str | None:
+    """Why ``directory`` is not a complete transformers model directory (an interrupted export, a copy cut
+    short), or None: ``config.json`` readable, and every weights file present and whole (safetensors headers
+    checked against the file sizes; a sharded export's index lists only files that exist)."""
+    directory = Path(directory)
+    if STAGING_MARK in directory.name:
+        return "it is the staging directory of an export that did not finish"
+    try:
+        json.loads((directory / "config.json").read_text())
+    except FileNotFoundError:
+        return "config.json is missing"
+    except ValueError:
+        return "config.json is not valid JSON (cut short?)"
+    index = directory / "model.safetensors.index.json"
+    try:
+        weights = (
+            sorted({directory / f for f in json.loads(index.read_text())["weight_map"].values()})
+            if index.is_file()
+            else sorted(directory.glob("*.safetensors"))
+        )
+    except (ValueError, KeyError):
+        return f"{index.name} is not valid JSON (cut short?)"
+    if not weights:
+        return (
+            None if any(directory.glob("pytorch_model*.bin")) else "it holds no weights (model.safetensors)"
+        )
+    from safetensors import SafetensorError, safe_open
+
+    for path in weights:
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except FileNotFoundError:
+            return f"{path.name} is missing"
+        except (SafetensorError, OSError) as err:
+            return f"{path.name} is damaged or cut short ({str(err).splitlines()[0]})"
+    return None
+
+
+def check_export(directory: str | Path) -> None:
+    """``InputError`` naming what is missing when ``directory`` is an incomplete transformers directory."""
+    if problem := export_problem(directory):
+        raise InputError(
+            f"{directory} is not a complete transformers model directory ({problem}): an interrupted export "
+            "leaves one; export the checkpoint again (pretrain export CHECKPOINT DIR --force)"
+        )

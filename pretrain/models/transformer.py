@@ -8,8 +8,10 @@ h query heads, g key/value heads, d_h head width, V vocabulary. Every block is
 
 with f = self-attention, then cross-attention (encoder-decoder decoder only), then the MLP. Attention runs on
 (B, h, T, d_h) tensors through ``pretrain.models.attention``: each stack builds one :class:`AttentionMask` (causal,
-key padding, packed documents, prefix-LM, sparse window / global / random blocks, T5 bias) shared by its layers,
-computed by SDPA (dense mask) or flex_attention (block mask + score_mod) as ``config.attention`` says.
+key padding, packed documents, prefix-LM, sparse window / global / random blocks, T5 bias) shared by its layers
+(a second one for local layers, ModernBERT's alternation), computed by SDPA (dense mask) or flex_attention (block
+mask + score_mod) as ``config.attention`` says. A pre-norm stack after a normed embedding (ModernBERT) has no
+attention norm in its first block: its input is normed already. RoPE and its scalings: ``pretrain.models.rope``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +36,10 @@ from pretrain.models.attention import (
     random_block_table,
 )
 from pretrain.models.config import ModelConfig
+from pretrain.models.rope import Rotary, apply_rotary
+
+if TYPE_CHECKING:
+    from pretrain.parallel.context import ContextParallel
 
 
 def relu_squared(x: Tensor) -> Tensor:
@@ -157,33 +164,6 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.norm_bias)
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """(x1, x2) -> (-x2, x1) on the last axis (HF Llama convention: halves, not interleaved pairs)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-class Rotary(nn.Module):
-    """RoPE (Su et al. 2021): q, k of position p rotated by angles p * theta^(-2i/d_h), i < d_h/2."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        dim = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions (B|1, T) -> cos, sin each (B|1, 1, T, d_h)."""
-        freqs = positions[..., None].float() * self.inv_freq
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return angles.cos(), angles.sin()
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, heads, T, d_h) rotated: x cos + rotate_half(x) sin."""
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
-
-
 def relative_position_bucket(
     relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
 ) -> Tensor:
@@ -221,6 +201,10 @@ class RelativePositionBias(nn.Module):
     def score_mod(self, q_pos: Tensor, k_pos: Tensor, batch: int) -> ScoreMod:
         """The same bias as a flex_attention ``score_mod``: score + b[h, bucket(k_pos - q_pos)]."""
         q_pos, k_pos, table = q_pos.expand(batch, -1), k_pos.expand(batch, -1), self.embedding.weight
+        if hasattr(
+            table, "to_local"
+        ):  # a tensor-parallel rank's heads (a DTensor sharded by heads): h is local
+            table = table.to_local()
         args = (self.bidirectional, self.num_buckets, self.max_distance)
 
         def add_bias(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
@@ -259,7 +243,8 @@ class Embeddings(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None) -> Tensor:
         x = self.tok(input_ids)
         if self.segment is not None:  # BERT: missing token_type_ids mean segment 0
-            x = x + (self.segment.weight[0] if token_type_ids is None else self.segment(token_type_ids))
+            segments = input_ids.new_zeros(()) if token_type_ids is None else token_type_ids  # () broadcasts
+            x = x + self.segment(segments)
         if self.pos is not None:
             x = x + self.pos(positions)
         if self.sinusoid is not None:
@@ -270,19 +255,18 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head attention with g <= h key/value heads (GQA). Self-attention computes q, k, v with one fused
-    projection; cross-attention takes q from x and k, v (one fused projection) from the encoder output."""
+    """Multi-head attention with g <= h key/value heads (GQA): projections q, k, v (k, v of the encoder output for
+    cross-attention) and out. Head counts are read from the projections' outputs, so a tensor-parallel rank whose
+    q, k, v hold a slice of whole heads (``pretrain.parallel``) computes those heads with the same code."""
 
     def __init__(self, config: ModelConfig, cross: bool = False) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         q_dim, kv_dim = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
         self.cross = cross
-        if cross:
-            self.q = nn.Linear(config.d_model, q_dim, bias=config.attn_bias)
-            self.kv = nn.Linear(config.d_model, 2 * kv_dim, bias=config.attn_bias)
-        else:
-            self.qkv = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attn_bias)
+        self.q = nn.Linear(config.d_model, q_dim, bias=config.attn_bias)
+        self.k = nn.Linear(config.d_model, kv_dim, bias=config.attn_bias)
+        self.v = nn.Linear(config.d_model, kv_dim, bias=config.attn_bias)
         self.out = nn.Linear(q_dim, config.d_model, bias=config.attn_bias)
         # qk_norm: RMSNorm of every head's q and k over d_h (learned gain), before RoPE
         self.q_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
@@ -293,9 +277,9 @@ class Attention(nn.Module):
             self.scale = config.mup_attn_multiplier / config.head_dim
         self.dropout = config.attn_dropout
 
-    def query_weight(self) -> Tensor:
-        """Rows of the weight that produce q: (h * d_h, d)."""
-        return self.q.weight if self.cross else self.qkv.weight[: self.n_head * self.head_dim]
+    def _heads(self, projection: nn.Linear, x: Tensor) -> Tensor:
+        """(B, T, d) -> (B, heads, T, d_h): ``projection(x)`` split into its heads."""
+        return projection(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
     def forward(
         self,
@@ -308,57 +292,53 @@ class Attention(nn.Module):
     ) -> Tensor:
         """x (B, T, d) -> (B, T, d); mask None = every key visible. memory: encoder output (B, S, d) for
         cross-attention (unused once its k, v sit in ``cache``)."""
-        B, T, _ = x.shape
-        h, g, dh = self.n_head, self.n_kv_head, self.head_dim
-        if self.cross:
-            q = self.q(x).view(B, T, h, dh).transpose(1, 2)
-            if self.q_norm is not None:
-                q = self.q_norm(q)
-            if cache is not None and cache.cross_kv[layer] is not None:
-                k, v = cache.cross_kv[layer]
-            else:
-                k, v = self.kv(memory).view(B, memory.shape[1], 2, g, dh).permute(2, 0, 3, 1, 4).unbind(0)
-                if self.k_norm is not None:
-                    k = self.k_norm(k)
-                if cache is not None:
-                    cache.cross_kv[layer] = (k, v)
+        q = self._heads(self.q, x)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.cross and cache is not None and cache.cross_kv[layer] is not None:
+            k, v = cache.cross_kv[layer]
         else:
-            q, k, v = self.qkv(x).view(B, T, h + 2 * g, dh).transpose(1, 2).split((h, g, g), dim=1)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
+            source = memory if self.cross else x
+            k, v = self._heads(self.k, source), self._heads(self.v, source)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            if self.cross and cache is not None:
+                cache.cross_kv[layer] = (k, v)
+        if not self.cross:
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
             if cache is not None:
                 k, v = cache.extend(layer, k, v)
         y = attend(q, k, v, mask, self.scale, self.dropout if self.training else 0.0)  # (B, h, T, d_h)
-        return self.out(y.transpose(1, 2).reshape(B, T, h * dh))
+        return self.out(y.transpose(1, 2).flatten(2))
 
 
 class MLP(nn.Module):
-    """proj(act(fc(x))), or GLU (Shazeer 2020): proj(act(x W_gate) * (x W_up)) with fc = [W_gate; W_up] fused."""
+    """proj(act(fc(x))), or GLU (Shazeer 2020): proj(act(gate(x)) * fc(x))."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gated = config.gated
-        self.fc = nn.Linear(config.d_model, (2 if self.gated else 1) * config.d_ff, bias=config.mlp_bias)
+        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias) if config.gated else None
+        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
         self.act = ACT_FNS[config.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.fc(x)  # (B, T, d_ff) or (B, T, 2 d_ff)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            return self.proj(self.act(gate) * up)
+        h = self.fc(x)  # (B, T, d_ff)
+        if self.gate is not None:
+            return self.proj(self.act(self.gate(x)) * h)
         return self.proj(self.act(h))
 
 
 class Block(nn.Module):
     """Self-attention, optional cross-attention, MLP; each a residual branch with pre- or post-norm."""
 
-    def __init__(self, config: ModelConfig, cross_attention: bool = False) -> None:
+    def __init__(self, config: ModelConfig, cross_attention: bool = False, first: bool = False) -> None:
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
-        self.norm1, self.attn = make_norm(config), Attention(config)
+        # pre-norm after a normed embedding (ModernBERT): the first block's input is normed already
+        normed_input = first and self.pre_norm and config.embedding_norm
+        self.norm1, self.attn = nn.Identity() if normed_input else make_norm(config), Attention(config)
         if cross_attention:
             self.norm_cross, self.cross_attn = make_norm(config), Attention(config, cross=True)
         else:
@@ -395,7 +375,8 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
-    """Embedded tokens (B, T, d) -> n blocks -> final norm (pre-norm) -> (B, T, d)."""
+    """Embedded tokens (B, T, d) -> n blocks -> final norm (pre-norm) -> (B, T, d). The global layers share one
+    mask and one RoPE table, the local layers (``config.local_layer``) another pair."""
 
     def __init__(self, config: ModelConfig, n_layer: int, causal: bool, cross_attention: bool) -> None:
         super().__init__()
@@ -407,12 +388,24 @@ class Stack(nn.Module):
             random_table = random_block_table(p.min_blocks, p.random_blocks, p.seed, causal).clone()
         self.register_buffer("random_table", random_table, persistent=False)  # drawn once, moves with .to()
         self.block_masks: dict = {}  # flex BlockMasks that depend on shapes only, reused across steps
-        self.blocks = nn.ModuleList(Block(config, cross_attention) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(config, cross_attention, first=i == 0) for i in range(n_layer))
+        # local layers (ModernBERT, global every k layers): the same sparse pattern with their own window, and
+        # their own RoPE base
+        self.local = [config.local_layer(i) for i in range(n_layer)]
+        self.local_pattern = None
+        if any(self.local):
+            base = self.pattern or SparsePattern.from_config(config, causal)
+            self.local_pattern = dataclasses.replace(base, window=config.local_attention_window)
         self.norm = make_norm(config) if config.norm_position == "pre" else None
-        self.rope = Rotary(config) if config.position == "rope" else None
+        self.rope = self.local_rope = None
+        if config.position == "rope":
+            self.rope = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
+            if any(self.local) and config.local_rope_theta != config.rope_theta:
+                self.local_rope = Rotary(config.head_dim, config.local_rope_theta, config.rope_scaling)
         self.relative_bias = (
             RelativePositionBias(config, bidirectional=not causal) if config.position == "relative" else None
         )
+        self.context_parallel: ContextParallel | None = None  # set by pretrain.parallel.context
 
     def forward(
         self,
@@ -426,12 +419,21 @@ class Stack(nn.Module):
         cache: KVCache | None = None,
         checkpointing: bool = False,
         global_ids: Tensor | None = None,
+        prefix_keys: Tensor | None = None,
+        memory_document_ids: Tensor | None = None,
     ) -> Tensor:
         """x (B, T, d); positions (B|1, T); key_mask (B, T) 1 = real; memory (B, S_enc, d), memory_mask (B, S_enc);
-        global_ids (B, T) True = global token (encoders)."""
-        B, T, _ = x.shape
+        global_ids (B, T) True = global token (encoders); document_ids (B, T) and memory_document_ids (B, S_enc):
+        packed documents (self- and cross-attention within a document); prefix_keys (B, T) True = in its
+        document's bidirectional prefix (causal stacks). Under context parallelism (``self.context_parallel``)
+        every per-token input holds this rank's positions of the sequence (``pretrain.parallel.context``); under
+        sequence parallelism x holds a slice of the sequence, so T is read from ``positions``."""
+        B, T = x.shape[0], positions.shape[1]
         past = 0
+        cp = self.context_parallel
         if cache is not None:
+            if cp is not None:
+                raise ValueError("a KV cache (generation) runs without context parallelism")
             past = cache.seq_len
             key_mask = cache.extend_mask(key_mask, B, T)
         inputs = MaskInputs(
@@ -446,23 +448,47 @@ class Stack(nn.Module):
             global_ids,
             self.pattern,
             self.random_table,
+            prefix_keys,
         )
+        if cp is not None:  # this rank's queries, every rank's keys
+            inputs = cp.global_keys(inputs, x.device)
+        gather = cp.gather_keys if cp is not None else None
         bias = None
         if self.relative_bias is not None:  # T5: bias b[h, bucket(k - q)] on the logits
             k_pos = positions if past == 0 else torch.arange(past + T, device=x.device)[None]
+            k_pos = k_pos if cp is None else cp.gather_tokens(k_pos)
             bias = (
                 partial(self.relative_bias, positions, k_pos),
                 self.relative_bias.score_mod(positions, k_pos, B),
             )
         backend, dropout = self.config.attention, self.training and self.config.attn_dropout > 0
-        mask = AttentionMask(inputs, backend, x, bias, self.block_masks, dropout)
+        mask = AttentionMask(inputs, backend, x, bias, self.block_masks, dropout, gather)
         rope = self.rope(positions) if self.rope is not None else None
-        cross_mask = None  # padded encoder positions are never attended
-        if memory_mask is not None:
-            cross = MaskInputs(T, memory_mask.shape[1], cross=True, key_mask=memory_mask)
-            cross_mask = AttentionMask(cross, backend, x, dropout=dropout)
+        local_mask, local_rope = mask, rope
+        if self.local_pattern is not None:
+            local = dataclasses.replace(inputs, pattern=self.local_pattern)
+            local_mask = AttentionMask(local, backend, x, bias, self.block_masks, dropout, gather)
+            local_rope = self.local_rope(positions) if self.local_rope is not None else rope
+        cross_mask = None  # padded encoder positions are never attended, nor other documents' positions
+        if (
+            memory_mask is not None
+            or memory_document_ids is not None
+            or (cp is not None and memory is not None)
+        ):
+            keys = next(t for t in (memory_mask, memory_document_ids, memory) if t is not None).shape[1]
+            cross = MaskInputs(
+                T,
+                keys,
+                cross=True,
+                key_mask=memory_mask,
+                document_ids=document_ids if memory_document_ids is not None else None,
+                key_document_ids=memory_document_ids,
+            )
+            cross = cross if cp is None else cp.global_keys(cross, x.device)
+            cross_mask = AttentionMask(cross, backend, x, dropout=dropout, gather=gather)
         for i, block in enumerate(self.blocks):
-            args = (x, mask, rope, memory, cross_mask, cache, i)
+            layer_mask, layer_rope = (local_mask, local_rope) if self.local[i] else (mask, rope)
+            args = (x, layer_mask, layer_rope, memory, cross_mask, cache, i)
             x = checkpoint(block, *args, use_reentrant=False) if checkpointing else block(*args)
         return self.norm(x) if self.norm is not None else x
 
@@ -472,7 +498,7 @@ class MLMTransform(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.dense = nn.Linear(config.d_model, config.d_model, bias=config.mlm_head_bias)
         self.act = ACT_FNS[config.activation]  # gated activations use their gate non-linearity
         self.norm = make_norm(config)
 
@@ -489,6 +515,31 @@ class Pooler(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.tanh(self.dense(x[:, 0]))
+
+
+def split_fused_projections(
+    model: Transformer, state_dict: dict[str, Tensor], prefix: str, *_: object
+) -> None:
+    """``load_state_dict`` pre-hook: a state dict written before q, k, v and a GLU's gate / fc were separate
+    projections (fused ``attn.qkv`` = [q; k; v], ``cross_attn.kv`` = [k; v], GLU ``mlp.fc`` = [gate; fc]) has its
+    fused weights split into today's names, in place; any other state dict is left as it is."""
+    cfg = model.config
+    q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        module, _, leaf = key.rpartition(".")
+        owner, _, name = module.rpartition(".")
+        if name == "qkv":
+            parts = {"q": q_rows, "k": kv_rows, "v": kv_rows}
+        elif name == "kv":
+            parts = {"k": kv_rows, "v": kv_rows}
+        elif name == "fc" and cfg.gated and state_dict[key].shape[0] == 2 * cfg.d_ff:
+            parts = {"gate": cfg.d_ff, "fc": cfg.d_ff}
+        else:
+            continue
+        pieces = state_dict.pop(key).split(list(parts.values()))
+        state_dict.update(
+            {f"{owner}.{part}.{leaf}": piece for part, piece in zip(parts, pieces, strict=True)}
+        )
 
 
 class Transformer(nn.Module):
@@ -513,10 +564,10 @@ class Transformer(nn.Module):
             nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias) if config.lm_head else None
         )
         self.init_weights()
-        if config.lm_head and config.tie_embeddings:
-            self.lm_head.weight = self.embed.tok.weight
+        self.tie_weights()
         self.gradient_checkpointing = False
         self.check_inputs = True
+        self.register_load_state_dict_pre_hook(split_fused_projections)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -541,7 +592,7 @@ class Transformer(nn.Module):
                 module.reset_parameters()
         for module in self.modules():
             if t5 and isinstance(module, Attention):
-                module.query_weight().mul_(cfg.head_dim**-0.5)
+                module.q.weight.mul_(cfg.head_dim**-0.5)
             elif t5 and isinstance(module, RelativePositionBias):
                 nn.init.normal_(module.embedding.weight, std=cfg.d_model**-0.5)
             elif cfg.init == "gpt2" and isinstance(module, (Attention, MLP)):
@@ -565,19 +616,33 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         use_cache: bool = False,
         target_positions: Tensor | None = None,
+        prefix_mask: Tensor | None = None,
+        decoder_position_ids: Tensor | None = None,
+        decoder_document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) 1 = real, 0 = padding; token_type_ids, position_ids,
         document_ids (B, T) (block-diagonal attention within equal ids); prefix_lengths (B,) (decoder: the first
         prefix_lengths[b] tokens attend bidirectionally). Encoder-decoder: input_ids feed the encoder,
         decoder_input_ids (B, T_dec) the decoder. With ``cache`` only the new tokens are passed.
 
+        Packed documents (``pretrain.objectives``; ``docs/data.md``): document_ids with position_ids restarting
+        at each document; prefix_mask (B, T) 1 = the token is in its document's bidirectional prefix (decoder
+        prefix LM, one split per document); decoder_document_ids / decoder_position_ids (B, T_dec) for the
+        encoder-decoder's decoder, whose cross-attention then reads its own document's encoder positions
+        (document_ids; decoder document id -1 = padding).
+
         target_positions (N,): indices into the flattened (B * T) output positions (decoder side for
         encoder-decoder); the LM head (and BERT's transform) then runs on those N positions only and ``logits``
         is (N, V) -- the rows of the all-positions logits ``logits.flatten(0, 1)[target_positions]``, at
         N / (B T) of the head's cost (MLM predicts ~15 % of positions)."""
         cfg = self.config
-        if cfg.arch != "decoder" and prefix_lengths is not None:
-            raise ValueError("prefix_lengths is only supported for arch='decoder' (prefix-LM)")
+        if cfg.arch != "decoder" and (prefix_lengths is not None or prefix_mask is not None):
+            raise ValueError("prefix_lengths / prefix_mask are only supported for arch='decoder' (prefix-LM)")
+        if decoder_document_ids is not None and (cfg.arch != "encoder-decoder" or document_ids is None):
+            raise ValueError(
+                "decoder_document_ids needs arch='encoder-decoder' and the encoder's document_ids (cross-attention "
+                "reads the decoder's own document)"
+            )
         if cache is None and use_cache:
             if self.decoder is None:
                 raise ValueError("use_cache=True needs a decoder (arch 'decoder' or 'encoder-decoder')")
@@ -595,6 +660,7 @@ class Transformer(nn.Module):
                 document_ids,
                 prefix_lengths,
                 cache=cache,
+                prefix_keys=None if prefix_mask is None else prefix_mask.bool(),
             )
         else:
             if decoder_input_ids is None:
@@ -616,12 +682,13 @@ class Transformer(nn.Module):
                 decoder_input_ids,
                 decoder_attention_mask,
                 None,
-                None,
-                None,
+                decoder_position_ids,
+                decoder_document_ids,
                 None,
                 memory=encoder_hidden,
                 memory_mask=memory_mask,
                 cache=cache,
+                memory_document_ids=document_ids if decoder_document_ids is not None else None,
             )
         head_input = hidden if target_positions is None else hidden.flatten(0, 1)[target_positions]
         return ModelOutput(
@@ -669,6 +736,8 @@ class Transformer(nn.Module):
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        prefix_keys: Tensor | None = None,
+        memory_document_ids: Tensor | None = None,
     ) -> Tensor:
         """Validate, embed, run one stack: (B, T) ids -> (B, T, d)."""
         if input_ids is None or input_ids.dim() != 2:
@@ -677,7 +746,11 @@ class Transformer(nn.Module):
         if document_ids is not None and past:
             raise ValueError("document_ids cannot be combined with a non-empty cache")
         self._check_inputs(input_ids, past, position_ids)
-        if position_ids is None:
+        if (
+            position_ids is None and stack.context_parallel is not None
+        ):  # this rank's positions of the sequence
+            position_ids = stack.context_parallel.positions(input_ids.shape[1], input_ids.device)[None]
+        elif position_ids is None:
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
         x = self.embed(input_ids, position_ids, token_type_ids)
         global_ids = None
@@ -694,6 +767,8 @@ class Transformer(nn.Module):
             cache,
             checkpointing=self.gradient_checkpointing and self.training,
             global_ids=global_ids,
+            prefix_keys=prefix_keys,
+            memory_document_ids=memory_document_ids,
         )
 
     def _check_inputs(self, input_ids: Tensor, past: int, position_ids: Tensor | None) -> None:
@@ -715,11 +790,109 @@ class Transformer(nn.Module):
         if absolute and position_ids is not None and int(position_ids.max()) >= cfg.max_seq_len:
             raise ValueError(f"position_ids reach {int(position_ids.max())} >= max_seq_len={cfg.max_seq_len}")
 
+    def tie_weights(self) -> None:
+        """The LM head shares the token embedding's table (``tie_embeddings``), also after a strategy replaced
+        the table's parameter (``pretrain.parallel.tensor``)."""
+        if self.lm_head is not None and self.config.tie_embeddings:
+            self.lm_head.weight = self.embed.tok.weight
+
     def fsdp_units(self) -> list[nn.Module]:
         """The modules FSDP shards one by one (torchtitan's per-block ``fully_shard``): every transformer block."""
         return [
             block for stack in (self.encoder, self.decoder) if stack is not None for block in stack.blocks
         ]
+
+    def tp_plan(self, sequence_parallel: bool = False) -> dict[str, Any]:
+        """Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) as torch's DTensor styles by module name, for
+        ``parallelize_module`` (``pretrain.parallel.tensor`` applies it). q, k, v and the MLP's gate and fc are
+        split column-wise (a rank computes whole heads and a slice of the MLP width), out and proj row-wise (their
+        partial sums all-reduced); the token embedding and the LM head split the vocabulary, whose logits stay
+        sharded for the vocabulary-parallel cross entropy (``loss_parallel``); T5's relative bias splits its
+        heads. A branch's input is made a replicated DTensor once, so its projections' input gradients are summed
+        before one reduction.
+
+        ``sequence_parallel`` (Korthikanti et al. 2022): between the branches the activations are split along
+        the sequence; the norms run on their slice (``SequenceParallel``), a branch all-gathers its input and
+        reduce-scatters its output, the embedding output is split and each stack's output gathered again.
+        Every other parameter (position and segment embeddings, norms without sequence parallelism, QK-norm
+        gains, BERT's head transform, the pooler) is replicated (``Replicated``), so all live on the tp mesh."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            PrepareModuleOutput,
+            RowwiseParallel,
+            SequenceParallel,
+        )
+
+        from pretrain.parallel.tensor import Replicated
+
+        between = Shard(1) if sequence_parallel else Replicate()  # blocks' activations between branches
+
+        def branch_input(positional: int, **kwargs: Any) -> PrepareModuleInput:
+            layouts = (between,) + (None,) * (positional - 1)
+            return PrepareModuleInput(
+                input_layouts=layouts,
+                desired_input_layouts=(Replicate(),) + layouts[1:],
+                input_kwarg_layouts=kwargs or None,
+                desired_input_kwarg_layouts=kwargs or None,
+            )
+
+        plan: dict[str, Any] = {"embed.tok": RowwiseParallel(input_layouts=Replicate())}
+        for name in ("pos", "segment", "norm"):
+            if getattr(self.embed, name) is not None:
+                plan[f"embed.{name}"] = Replicated()
+        for name in ("mlm_transform", "pooler"):
+            if getattr(self, name) is not None:
+                plan[name] = Replicated()
+        if sequence_parallel:
+            plan["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
+            if stack is None:
+                continue
+            blocks = f"{name}.blocks.*"
+            plan[f"{blocks}.attn"] = branch_input(3)  # (x, mask, rope)
+            plan[f"{blocks}.mlp"] = branch_input(1)
+            attentions = ["attn"]
+            if stack.blocks[0].cross_attn is not None:  # (x, mask), memory: the encoder output, replicated
+                plan[f"{blocks}.cross_attn"] = branch_input(2, memory=Replicate())
+                attentions.append("cross_attn")
+            linears = [f"{a}.{p}" for a in attentions for p in "qkv"] + ["mlp.fc"]
+            linears += ["mlp.gate"] if self.config.gated else []
+            plan.update({f"{blocks}.{linear}": ColwiseParallel() for linear in linears})
+            rows = RowwiseParallel(output_layouts=between)
+            plan.update({f"{blocks}.{out}": rows for out in [f"{a}.out" for a in attentions] + ["mlp.proj"]})
+            if stack.relative_bias is not None:  # the (buckets, h) table: a rank's heads
+                plan[f"{name}.relative_bias.embedding"] = ColwiseParallel()
+            if self.config.qk_norm:  # on a rank's heads
+                norms = [f"{a}.{n}" for a in attentions for n in ("q_norm", "k_norm")]
+                plan.update({f"{blocks}.{n}": Replicated(Shard(1)) for n in norms})
+            norms = [
+                f"{blocks}.{n}" for n in ["norm1", "norm2"] + ["norm_cross"] * ("cross_attn" in attentions)
+            ]
+            norms += [f"{name}.norm"] if stack.norm is not None else []
+            if sequence_parallel:
+                plan.update({n: SequenceParallel(use_local_output=True) for n in norms})
+                plan[name] = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
+            else:
+                plan.update({n: Replicated() for n in norms})
+        if self.lm_head is not None:
+            plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        return plan
+
+    def tp_sharded_randomness(self, sequence_parallel: bool = False) -> list[nn.Module]:
+        """The modules of :meth:`tp_plan` whose random draws (dropout) fall on activations the tensor-parallel
+        ranks split -- a rank's heads (attention dropout), with ``sequence_parallel`` a slice of the sequence (the
+        blocks' residual dropout) -- so each rank must draw its own; every other draw falls on replicated
+        activations and must be the same on all of them."""
+        stacks = [s for s in (self.encoder, self.decoder) if s is not None]
+        blocks = [block for stack in stacks for block in stack.blocks]
+        modules: list[nn.Module] = []
+        if self.config.attn_dropout:
+            modules += [m for block in blocks for m in (block.attn, block.cross_attn) if m is not None]
+        if sequence_parallel and self.config.dropout:
+            modules += [block.drop for block in blocks]
+        return modules
 
     def set_attention(self, backend: str) -> Transformer:
         """Compute attention with ``backend`` ('sdpa' | 'flex') from now on; same weights, same function."""
@@ -767,7 +940,11 @@ class Transformer(nn.Module):
         if self.encoder is not None:
             flops += 6 * linear(self.encoder) * S + per_attention * len(self.encoder.blocks) * S * S
         if self.decoder is not None:
-            cross_kv = sum(linear(b.cross_attn.kv) for b in self.decoder.blocks if b.cross_attn is not None)
+            cross_kv = sum(
+                linear(b.cross_attn.k) + linear(b.cross_attn.v)
+                for b in self.decoder.blocks
+                if b.cross_attn is not None
+            )
             cross = T * S if cfg.arch == "encoder-decoder" else 0
             flops += 6 * (linear(self.decoder) - cross_kv) * T + 6 * cross_kv * S
             flops += per_attention * len(self.decoder.blocks) * (T * T + cross)

@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pretrain.datamodules.storage import atomic_write_text
+from pretrain.errors import InputError
+
 BYTE_LEVEL_SPACE = "Ġ"  # byte-level BPE's mark of a leading space ("Ġking" is " king")
 
 
@@ -187,7 +190,7 @@ class WordVectors:
         pairs = list(pairs)
         known = [(a, b, s) for a, b, s in pairs if self.lookup(a) is not None and self.lookup(b) is not None]
         if len(known) < 2:
-            raise ValueError(f"only {len(known)} of {len(pairs)} word pairs are in the vocabulary; need >= 2")
+            raise InputError(f"only {len(known)} of {len(pairs)} word pairs are in the vocabulary; need >= 2")
         rho = spearman([self.similarity(a, b) for a, b, _ in known], [s for _, _, s in known])
         return {
             "similarity_spearman": rho,
@@ -199,15 +202,14 @@ class WordVectors:
         """Write the word2vec text format (``n d`` header, one ``word x_1 .. x_d`` line per word)."""
         bad = [w for w in self.words if not w or any(ch.isspace() for ch in w)]
         if bad:
-            raise ValueError(f"word2vec text format cannot hold words with whitespace: {bad[:5]}")
+            raise InputError(f"word2vec text format cannot hold words with whitespace: {bad[:5]}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(f"{len(self)} {self.raw.shape[1]}\n")
-            f.writelines(
-                word + " " + " ".join(f"{x:.6g}" for x in vec) + "\n"
-                for word, vec in zip(self.words, self.raw.numpy())
-            )
+        lines = (
+            word + " " + " ".join(f"{x:.6g}" for x in vec) + "\n"
+            for word, vec in zip(self.words, self.raw.numpy())
+        )
+        atomic_write_text(path, f"{len(self)} {self.raw.shape[1]}\n" + "".join(lines))
         return path
 
     @classmethod
@@ -216,7 +218,7 @@ class WordVectors:
             n, d = map(int, f.readline().split())
             rows = [line.rstrip("\n").split(" ") for line in f if line.strip()]
         if len(rows) != n or any(len(r) != d + 1 for r in rows):
-            raise ValueError(f"{path}: header says {n} words of {d} dims but the lines disagree")
+            raise InputError(f"{path}: header says {n} words of {d} dims but the lines disagree")
         return cls(torch.tensor([[float(x) for x in r[1:]] for r in rows]), [r[0] for r in rows])
 
 
@@ -228,7 +230,7 @@ def read_analogies(path: str | os.PathLike) -> list[tuple[str, str, str, str]]:
         if not parts or parts[0].startswith(":"):
             continue
         if len(parts) != 4:
-            raise ValueError(f"{path}:{n}: an analogy line needs 4 words 'a b c d', got {line!r}")
+            raise InputError(f"{path}:{n}: an analogy line needs 4 words 'a b c d', got {line!r}")
         out.append(tuple(parts))
     return out
 
@@ -246,5 +248,5 @@ def read_similarity(path: str | os.PathLike) -> list[tuple[str, str, float]]:
         except ValueError:
             continue
     if not out:
-        raise ValueError(f"{path}: no 'word1 word2 score' lines found")
+        raise InputError(f"{path}: no 'word1 word2 score' lines found")
     return out

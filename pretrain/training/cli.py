@@ -16,6 +16,7 @@ from typing import Any
 
 from pretrain import config
 from pretrain.config import RunConfig
+from pretrain.errors import InputError
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -26,31 +27,53 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(resolved), end="")
         print("".join(f"# {line}\n" for line in optimizer_groups(run).splitlines()), end="")
         return 0
+    check_input_files(run)
     # with the GC schedule, no automatic collection during set-up either: importing torch and Lightning and
     # building the run makes ~350k long-lived objects, which Python's GC would scan in full ~6 times (~0.4 CPU-s)
+    from pretrain.datamodules.storage import run_lock
+
     without_gc = bool(run.trainer.gc_every_n_steps) and gc.isenabled()
     if without_gc:
         gc.disable()
     try:
-        return _fit(args, run, resolved)
+        with run_lock(run.run_dir, "`pretrain fit`"):  # one writer of the run's checkpoints and logs
+            return _fit(args, run, resolved)
     finally:
         if without_gc:
             gc.enable()
 
 
+def check_input_files(run: RunConfig) -> None:
+    """``run_dir`` is no file; the tokenizer, every source's prepared corpus (each missing one named with the verb
+    that makes it) and a ``resume`` checkpoint exist: checked before Lightning is imported."""
+    from pretrain.config.run import check_resume_path
+    from pretrain.datamodules.prepare import read_meta
+    from pretrain.datamodules.tokenizer import load_tokenizer
+
+    if Path(run.run_dir).exists() and not Path(run.run_dir).is_dir():
+        raise InputError(f"run_dir={run.run_dir} is a file; give a directory (it is created if missing)")
+    load_tokenizer(run.tokenizer.path)
+    for source in run.data.sources:
+        read_meta(source.prepared)
+    check_resume_path(run)
+
+
 def _fit(args: argparse.Namespace, run: RunConfig, resolved: dict[str, Any]) -> int:
     from pretrain.errors import RankDied, peer_gone
     from pretrain.training import lightning_compat  # first: Lightning without torchmetrics' extras
-    from pretrain.training.checkpoint.resume import check_resumable
+    from pretrain.training.checkpoint.reshard import CACHE, loadable, remove_cache
     from pretrain.training.preemption import Interrupted
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
     parts = prepare_run(run, resolved)
-    if parts["ckpt"] is not None:
-        check_resumable(run.strategy.name, parts["ckpt"])
-        if _finished(run, parts["ckpt"]):
+    restore = parts["ckpt"]
+    if restore is not None:
+        if _finished(run, restore):
             return 0
+        stage = run.strategy.deepspeed.stage if run.strategy.name == "deepspeed" else None
+        world = run.trainer.devices * run.trainer.num_nodes
+        restore = loadable(restore, run.strategy.name, world, stage, Path(run.run_dir) / CACHE)
     module = parts["module"]
     trainer = build_trainer(run, resolved, wandb_id=module.wandb_id)
     try:
@@ -58,7 +81,7 @@ def _fit(args: argparse.Namespace, run: RunConfig, resolved: dict[str, Any]) -> 
             # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
             # position exactly (datamodules/pretrain.py), so its warning on every mid-epoch resume is wrong here.
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch")
-            trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=parts["ckpt"], weights_only=True)
+            trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=restore, weights_only=True)
     except Interrupted as stop:
         if trainer.is_global_zero:
             again = [args.recipe, *(o for o in args.overrides if not o.startswith("resume=")), "resume=auto"]
@@ -69,6 +92,9 @@ def _fit(args: argparse.Namespace, run: RunConfig, resolved: dict[str, Any]) -> 
         if not peer_gone(err):  # a collective failed: name the rank that died
             raise
         raise RankDied(lightning_compat.dead_ranks(trainer), trainer.global_rank, err) from err
+    finally:
+        if trainer.is_global_zero:
+            remove_cache(run.run_dir)  # converted checkpoints: every rank loaded its state at the start
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         _summary(trainer, run, module, last if last.exists() else parts["ckpt"])
@@ -98,10 +124,13 @@ def _finished(run: RunConfig, ckpt: Path) -> bool:
     step = checkpoint_step(ckpt)
     if step < run.trainer.max_steps:
         return False
+    keep = ""
+    if run.optim.decay_steps is None and run.optim.schedule in ("cosine", "linear", "wsd"):
+        keep = f" with optim.decay_steps={run.trainer.max_steps} (the schedule it decayed over)"
     print(
         f"\n== pretrain fit: nothing to train ==\n  steps: {step} (run {run.name!r} already reached "
         f"trainer.max_steps={run.trainer.max_steps}; checkpoint: {ckpt})\n  to train it further raise "
-        f"trainer.max_steps; for a new run set name=NEW (or resume=null to overwrite this one)"
+        f"trainer.max_steps{keep}; for a new run set name=NEW (or resume=null to overwrite this one)"
     )
     return True
 
@@ -151,15 +180,25 @@ def _summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
     print("\n== pretrain fit: done ==\n" + "\n".join(f"  {line}" for line in lines))
 
 
+def existing_checkpoint(path: str, where: str) -> Path:
+    """``path``, which a verb reads (``where``: its flag or argument), or the one line saying it does not exist."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"checkpoint {path} ({where}) does not exist")
+    return Path(path)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.ckpt:
+        existing_checkpoint(args.ckpt, "--ckpt")
     overrides = list(args.overrides) + ([f"resume={args.ckpt}"] if args.ckpt else [])
     run, resolved = config.load(args.recipe, overrides)
+    check_input_files(run)
     from pretrain.training import lightning_compat  # noqa: F401  (first: Lightning without torchmetrics' extras)
     from pretrain.training.checkpoint.resume import strategy_reads
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
-    parts = prepare_run(run, resolved)
+    parts = prepare_run(run, resolved, training=False)
     if parts["ckpt"] is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
     trainer = build_trainer(run, resolved, loggers=[])
@@ -182,27 +221,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    check_sampling_flags(args)
+    existing_checkpoint(args.checkpoint, "generate CHECKPOINT")
     import torch
 
     from pretrain.models.generation import generate
     from pretrain.training.checkpoint.convert import load_model
 
-    for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens)):
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
     model, _, tokenizer = load_model(args.checkpoint)
     if tokenizer is None:
-        raise ValueError(f"{args.checkpoint} holds no tokenizer; cannot encode a text prompt")
+        raise InputError(f"{args.checkpoint} holds no tokenizer; cannot encode a text prompt")
+    if model.config.arch == "encoder" or not model.config.lm_head:
+        raise InputError(
+            f"{args.checkpoint} is an encoder (model.arch={model.config.arch}): generate needs arch 'decoder' or "
+            "'encoder-decoder' with an LM head; score an encoder with `pretrain evaluate` instead"
+        )
     if args.compile:
         model.compile(dynamic=True)  # the cache grows every step: one graph with a symbolic length
     cfg = model.config
-    ids = torch.tensor([tokenizer.encode(args.prompt).ids] * args.num_samples, dtype=torch.long)
+    from pretrain.datamodules.tokenizer import TextEncoder
+
+    prompt = TextEncoder(tokenizer).encode(args.prompt)  # a prompt spelling "</s>" is that text, not EOS
+    ids = torch.tensor([prompt] * args.num_samples, dtype=torch.long)
     if ids.shape[1] == 0 and cfg.arch == "decoder":
-        raise ValueError("the prompt is empty; pass --prompt TEXT")
+        raise InputError("the prompt is empty; pass --prompt TEXT")
     max_new_tokens = _max_new_tokens(cfg, ids.shape[1], args.max_new_tokens)
     eos = tokenizer.token_to_id(args.eos) if args.eos else None
     if args.eos and eos is None:
-        raise ValueError(
+        raise InputError(
             f"--eos {args.eos!r} is not in the tokenizer's vocabulary; name one that is, or --eos ''"
         )
     generator = torch.Generator().manual_seed(args.seed)
@@ -230,6 +276,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
 DEFAULT_NEW_TOKENS = 100
 
 
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """``pretrain generate``'s numeric flags, named as flags (the library checks them under its own names)."""
+    checks = [
+        ("--num-samples", args.num_samples, args.num_samples >= 1, ">= 1"),
+        (
+            "--max-new-tokens",
+            args.max_new_tokens,
+            args.max_new_tokens is None or args.max_new_tokens >= 1,
+            ">= 1",
+        ),
+        ("--temperature", args.temperature, args.greedy or args.temperature > 0, "> 0 (or --greedy)"),
+        ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
+        ("--top-p", args.top_p, args.top_p is None or 0 < args.top_p <= 1, "in (0, 1]"),
+    ]
+    for flag, value, ok, bound in checks:
+        if not ok:
+            raise InputError(f"{flag} must be {bound}, got {value}")
+
+
 def span_filling_note(tokenizer: Any, prompt_ids: list[int]) -> str:
     """What an encoder-decoder (span corruption) model's output is, and a warning for a prompt with no sentinel."""
     note = (
@@ -254,12 +319,12 @@ def _max_new_tokens(cfg: Any, prompt_len: int, requested: int | None) -> int:
     max_new_tokens = requested or min(DEFAULT_NEW_TOKENS, max(room, 1))
     if cfg.arch == "encoder-decoder":
         if prompt_len > limit or max_new_tokens + 1 > limit:
-            raise ValueError(
+            raise InputError(
                 f"the prompt ({prompt_len} tokens) or --max-new-tokens {max_new_tokens} exceeds the model's "
                 f"{limit} positions; shorten the prompt or use --max-new-tokens {limit - 1}"
             )
     elif prompt_len + max_new_tokens > limit:
-        raise ValueError(
+        raise InputError(
             f"the prompt ({prompt_len} tokens) + --max-new-tokens {max_new_tokens} exceeds the model's {limit} "
             f"positions (model.max_seq_len); use --max-new-tokens {max(limit - prompt_len, 0)} or a shorter prompt"
         )
@@ -269,9 +334,9 @@ def _max_new_tokens(cfg: Any, prompt_len: int, requested: int | None) -> int:
 def _check_export_target(out_dir: Path, force: bool) -> None:
     """An export goes into a new or empty directory (``--force``: overwrite the files it writes there)."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"{out_dir} is a file; export into a directory (it is created if missing)")
+        raise InputError(f"{out_dir} is a file; export into a directory (it is created if missing)")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
-        raise ValueError(
+        raise InputError(
             f"{out_dir} is not empty; export into a new or empty directory, or pass --force to overwrite "
             f"the files the export writes there"
         )
@@ -281,24 +346,58 @@ def _check_export_target(out_dir: Path, force: bool) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pretrain.datamodules.storage import run_lock
+
+    path = existing_checkpoint(args.checkpoint, "export CHECKPOINT")
+    created = not Path(args.out_dir).exists()
+    with run_lock(args.out_dir, "`pretrain export`"):
+        try:
+            return _export(args, path)
+        except BaseException:
+            if created and Path(args.out_dir).is_dir() and not any(Path(args.out_dir).iterdir()):  # no trace
+                Path(args.out_dir).rmdir()
+            raise
+
+
+def _export(args: argparse.Namespace, path: Path) -> int:
+    _check_export_target(Path(args.out_dir), args.force)  # under the lock, before the heavy imports
     from pretrain.finetuning.export import export_finetuned, is_finetuned
     from pretrain.models.hf import save_hf
     from pretrain.training.checkpoint import consolidate, read
     from pretrain.training.checkpoint.convert import load_model
 
-    path = Path(args.checkpoint)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
-    _check_export_target(Path(args.out_dir), args.force)
     with tempfile.TemporaryDirectory() as tmp:
         single = consolidate(path, Path(tmp) / "consolidated.ckpt")  # a file is returned as it is
-        if is_finetuned(read(single, mmap=True)):  # `pretrain finetune`: a head or text-to-text, LoRA merged
+        if is_finetuned(read(single, mmap=True)) and not args.ema:  # `pretrain finetune`: LoRA merged
             out = export_finetuned(single, args.out_dir)
         else:
-            model, info, tokenizer = load_model(single)
+            model, info, tokenizer = load_model(path, ema=True) if args.ema else load_model(single)
             special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
             out = save_hf(model, args.out_dir, tokenizer, special_tokens)
     print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """A checkpoint of any layout as one file, a DCP directory, or a Hugging Face model directory (``export``)."""
+    if args.to == "hf":
+        return cmd_export(
+            argparse.Namespace(checkpoint=args.checkpoint, out_dir=args.out, force=False, ema=False)
+        )
+    from pretrain.training.checkpoint.stream import convert
+
+    out = convert(args.checkpoint, args.to, args.out)
+    print(f"converted {args.checkpoint} -> {out} ({args.to})")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """The weighted average of checkpoints' weights (``checkpoint.merge``) as one checkpoint file."""
+    from pretrain.training.checkpoint.merge import merge, parse_weights
+
+    weights = parse_weights(args.weights) if args.weights is not None else None
+    out = merge(args.checkpoints, args.out, weights)
+    print(f"merged {len(args.checkpoints)} checkpoints -> {out}")
     return 0
 
 
@@ -314,12 +413,12 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
         try:
             load_tokenizer(path)
-        except ValueError as err:
-            raise ValueError(f"{err}; it may be truncated -- rerun with --force to retrain it") from err
+        except InputError as err:
+            raise InputError(f"{err}; it may be truncated -- rerun with --force to retrain it") from err
         print(f"tokenizer {path} exists; reusing it (--force retrains)")
         return 0
     if not t.train_files:
-        raise ValueError(
+        raise InputError(
             f"tokenizer {path} does not exist and tokenizer.train_files is empty; list training text"
         )
     try:
@@ -331,21 +430,30 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
             on_invalid_utf8=t.on_invalid_utf8,
         )
     except InvalidUTF8Error as err:
-        raise ValueError(err.with_fix("tokenizer.on_invalid_utf8")) from None
+        raise InputError(err.with_fix("tokenizer.on_invalid_utf8")) from None
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens -> {path}")
     return 0
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    run, _ = config.load(args.recipe, args.overrides)
+    if args.tasks is not None and args.executor is None:
+        raise InputError("--tasks needs --executor local|slurm|ray (plain prepare uses --workers)")
+    if args.tasks is not None and args.tasks < 1:
+        raise InputError(
+            f"--tasks must be >= 1 (the number of datatrove tasks the corpus is split into), got {args.tasks}"
+        )
+    if args.workers < 0:
+        raise InputError(
+            f"--workers must be >= 0 (0: {'all tasks at once' if args.executor else 'this process'}), got {args.workers}"
+        )
+    for source in run.data.sources:
+        if not source.text:
+            raise InputError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
     from pretrain.datamodules.corpus import InvalidUTF8Error
     from pretrain.datamodules.prepare import prepare
 
-    run, _ = config.load(args.recipe, args.overrides)
-    if args.tasks is not None and args.executor is None:
-        raise ValueError("--tasks needs --executor local|slurm|ray (plain prepare uses --workers)")
     for source in run.data.sources:
-        if not source.text:
-            raise ValueError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
         settings = {
             "val_fraction": run.data.val_fraction,
             "document": source.document,
@@ -386,7 +494,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                     )
                     continue
         except InvalidUTF8Error as err:
-            raise ValueError(err.with_fix("data.on_invalid_utf8")) from None
+            raise InputError(err.with_fix("data.on_invalid_utf8")) from None
         counts = ", ".join(
             f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items()
         )
@@ -465,6 +573,28 @@ def add_export_arguments(e: argparse.ArgumentParser) -> None:
         "out_dir", help="output directory (config.json, model.safetensors, tokenizer); new or empty"
     )
     e.add_argument("--force", action="store_true", help="export into a non-empty directory, overwriting")
+    e.add_argument(
+        "--ema", action="store_true", help="export the weights' moving average (ema.decay) instead"
+    )
+
+
+def add_convert_arguments(c: argparse.ArgumentParser) -> None:
+    from pretrain.training.checkpoint.stream import TARGETS
+
+    c.add_argument("checkpoint", help="a checkpoint file, FSDP/async (DCP) or DeepSpeed checkpoint directory")
+    c.add_argument(
+        "--to",
+        required=True,
+        choices=TARGETS,
+        help="single: one .ckpt file; dcp: a sharded (DCP) directory; hf: a transformers model directory",
+    )
+    c.add_argument("out", help="the new file or directory (must not exist; hf: new or empty)")
+
+
+def add_merge_arguments(m: argparse.ArgumentParser) -> None:
+    m.add_argument("checkpoints", nargs="+", help="checkpoints of one model (files or sharded directories)")
+    m.add_argument("--out", required=True, help="the merged checkpoint file (weights only)")
+    m.add_argument("--weights", help="comma-separated, one per checkpoint, summing to 1 (default: uniform)")
 
 
 def add_plot_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from pretrain.errors import InputError
+
 BLOCK_LINEARS = ("encoder.blocks.", "decoder.blocks.")  # module-name prefixes converted to float8
 
 
@@ -31,7 +33,7 @@ def convert_to_float8(model: nn.Module, *, fsdp: bool = False, emulate: bool = F
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as err:
-        raise ValueError("trainer.float8=true needs torchao: pip install 'pretrain[float8]'") from err
+        raise InputError("trainer.float8=true needs torchao: pip install 'pretrain[float8]'") from err
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp, emulate=emulate)
     eligible = sum(float8_eligible(m, name) for name, m in model.named_modules())
     convert_to_float8_training(model, module_filter_fn=float8_eligible, config=config)

@@ -7,7 +7,8 @@ and decides on the device -- a step that does not log never waits for it (``host
   flag (any gradient NaN/Inf on this rank) are all-reduced in one collective, so every rank (DDP, FSDP shards)
   takes the same decision; ``L = sum_{r,m} S_{r,m} / N``;
 - a non-finite step is not applied: the fused optimizer gets ``found_inf`` (GradScaler's mechanism), so AdamW
-  leaves the weights, its moments and step counts untouched (the learning-rate schedule and the step counter
+  leaves the weights, its moments and step counts untouched, and Muon keeps its matrices and momentum by
+  selects on the device (``MuonWithAdamW.skips_on_device``; the learning-rate schedule and the step counter
   still advance). An optimizer without that input (not fused: ``*-mixed`` precisions, CPU offload) has its
   gradients dropped instead, which reads the verdict on the host;
 - a spike is ``L > mean + k * std`` of the last ``window`` normal losses, ``m`` steps in a row (PaLM, Chowdhery
@@ -54,14 +55,20 @@ from pretrain.training.host_sync import DeferredRead, allowed
 from pretrain.training.step import StepLoss
 
 
-def _cpu_copy(obj: Any) -> Any:
-    """A deep copy of nested dicts/lists/tuples in which every tensor is cloned to host memory."""
+def _cpu_copy(obj: Any, into: Any = None) -> Any:
+    """A deep copy of nested dicts/lists/tuples in which every tensor is cloned to host memory -- into the host
+    tensor at the same place of ``into`` (an earlier copy) where it has the same shape and dtype: a snapshot
+    every checkpoint then re-uses its memory instead of faulting in a model's worth of fresh pages."""
     if isinstance(obj, Tensor):
+        if isinstance(into, Tensor) and into.shape == obj.shape and into.dtype == obj.dtype:
+            return into.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
+        into = into if isinstance(into, dict) else {}
+        return {k: _cpu_copy(v, into.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu_copy(v) for v in obj)
+        into = into if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
+        return type(obj)(_cpu_copy(v, w) for v, w in zip(obj, into, strict=True))
     return obj
 
 
@@ -74,7 +81,11 @@ def _nonfinite(norm: Tensor | None, device: torch.device) -> Tensor:
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` honours a ``found_inf`` tensor (the fused Adam/AdamW/SGD kernels)."""
+    """Whether ``optimizer.step`` honours a ``found_inf`` tensor: the fused Adam/AdamW/SGD kernels, and an
+    optimizer that says so (``skips_on_device``: ``MuonWithAdamW``)."""
+    own = getattr(optimizer, "skips_on_device", None)
+    if own is not None:
+        return bool(own)
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
         optimizer.defaults.get("fused")
     )
@@ -253,10 +264,12 @@ class StepGuard(Callback):
         if self.snapshot is not None and self.snapshot["step"] == trainer.global_step:
             return
         module = trainer.lightning_module
+        old = self.snapshot or {}
+        previous = list(old.get("optimizers", [])) + [None] * len(trainer.optimizers)
         self.snapshot = {
             "step": trainer.global_step,
-            "model": _cpu_copy(_local_tensors(module)),
-            "optimizers": [_cpu_copy(opt.state_dict()) for opt in trainer.optimizers],
+            "model": _cpu_copy(_local_tensors(module), old.get("model")),
+            "optimizers": [_cpu_copy(opt.state_dict(), p) for opt, p in zip(trainer.optimizers, previous)],
             "position": _data_position(trainer),
         }
 
@@ -282,7 +295,7 @@ class StepGuard(Callback):
                 tensor.copy_(snap["model"][name])
         for opt, state in zip(trainer.optimizers, snap["optimizers"]):
             lrs = [group["lr"] for group in opt.param_groups]  # the schedule goes on
-            opt.load_state_dict(state)
+            opt.load_state_dict(_cpu_copy(state))  # a copy: the optimizer keeps host tensors it is given
             for group, lr in zip(opt.param_groups, lrs):
                 group["lr"] = lr
         self.rollbacks += 1

@@ -29,11 +29,13 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from pretrain.config.run import EvalDuringFitConfig
+from pretrain.errors import InputError
 from pretrain.evaluation.config import EvalConfig, load_tasks
 from pretrain.evaluation.models import scorer_from_model
 from pretrain.evaluation.runner import evaluate, flat_metrics, summarize
 from pretrain.evaluation.scoring import LMScorer, Request
 from pretrain.training.guards import HangGuard
+from pretrain.training.host_sync import allowed
 
 
 class InLoopEvaluation(Callback):
@@ -44,10 +46,12 @@ class InLoopEvaluation(Callback):
         spec = EvalConfig(
             tasks=list(config.tasks), data_root=config.data_root, num_fewshot=config.num_fewshot
         )
-        self.tasks = load_tasks(spec)  # data validated now, before the Trainer starts
+        self.tasks = load_tasks(
+            spec, "eval_during_fit.data_root"
+        )  # data validated now, before the Trainer starts
         generation = [t.name for t in self.tasks if t.type == "generation"]
         if generation:
-            raise ValueError(
+            raise InputError(
                 f"eval_during_fit.tasks: {generation} are generation tasks, which are not evaluated during "
                 "fit; score them with `pretrain evaluate` on a checkpoint"
             )
@@ -69,7 +73,8 @@ class InLoopEvaluation(Callback):
     ) -> None:
         step = trainer.global_step
         if step > self.last_step and step % self.config.every_n_steps == 0:
-            self.run(trainer, pl_module)
+            with allowed():  # scoring reads its results back by design, on any step (trainer.sync_check)
+                self.run(trainer, pl_module)
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """Evaluate now; log and return the results (equal on every rank)."""
@@ -132,15 +137,19 @@ class InLoopEvaluation(Callback):
                 batch_size=self.config.batch_size,
                 eval_mode=False,
             )
-            self._logits_fn = self._scorer.logits_fn
-        logits_fn = self._logits_fn
+            self._logits_fns = (self._scorer.logits_fn, self._scorer.packed_logits_fn)
 
-        def counted(*args: torch.Tensor) -> torch.Tensor:
-            self._forwards += 1
-            heartbeat()
-            return logits_fn(*args)
+        def counted(fn: Any) -> Any:
+            def forward(*args: torch.Tensor) -> torch.Tensor:
+                self._forwards += 1
+                heartbeat()
+                return fn(*args)
 
-        self._scorer.logits_fn = counted
+            return forward
+
+        padded, packed = self._logits_fns
+        self._scorer.logits_fn = counted(padded)
+        self._scorer.packed_logits_fn = None if packed is None else counted(packed)  # unpadded scoring
         self._scorer.device = pl_module.device
         return self._scorer
 

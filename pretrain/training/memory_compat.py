@@ -10,6 +10,7 @@
   tensors (the fused AdamW step on FSDP2's sharded parameters counted the unsharded parameters, gradients and
   moments once more: 22.6 MB for the tiny GPT on 2 ranks instead of the 14.2 MB real gloo ranks allocate); here
   propagation gets a fake mode of its own, which the tracker skips.
+- ``held_state``: the same tracker's current snapshot of a model's parameters, gradients and optimizer state.
 """
 
 from __future__ import annotations
@@ -84,3 +85,19 @@ def trace_peak(
     }
     total = snap["Total"]
     return {**parts, "activations": total - sum(parts.values()), "total": total}
+
+
+def held_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes ``MemTracker`` attributes now to ``model``'s parameters (and buffers), their gradients and
+    ``optimizer``'s state (a rank's shards where they are DTensors): ``params``, ``grads``, ``optimizer``."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        snap = tracker.get_tracker_snapshot()[next(model.parameters()).device]
+    return {
+        "params": snap.get("Parameter", 0) + snap.get("Buffer", 0),
+        "grads": snap.get("Gradient", 0),
+        "optimizer": snap.get("Optstate", 0),
+    }

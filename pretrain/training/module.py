@@ -3,7 +3,10 @@
 The optimizer step's arithmetic (grouping k micro-batches, the all-reduced target count, the loss each
 micro-batch backpropagates, dropout seeds) is ``pretrain.training.step``'s; this module runs the model on it.
 Dropout draws from the global torch generator, re-seeded before every micro-batch from (seed, optimizer step,
-micro-batch, rank): a resumed run replays the same dropout masks with no RNG state to carry.
+micro-batch, data-parallel rank): a resumed run replays the same dropout masks with no RNG state to carry, and the
+ranks of a tensor-parallel group draw alike where they hold the same activations (``pretrain.parallel.tensor``).
+Under tensor parallelism the logits are vocabulary-sharded DTensors and the cross entropy is torch's
+``loss_parallel``, forward and backward.
 """
 
 from __future__ import annotations
@@ -19,15 +22,21 @@ from pretrain.config import RunConfig
 from pretrain.datamodules.pretrain import PretrainDataModule
 from pretrain.models.transformer import Transformer
 from pretrain.objectives import IGNORE_INDEX, Objective
+from pretrain.objectives.loss import num_correct
+from pretrain.parallel.mesh import context_parallel_position, data_parallel_position
+from pretrain.parallel.tensor import vocabulary_parallel
 from pretrain.training import compile_compat, lightning_compat
 from pretrain.training.checkpoint.io import PAYLOAD
-from pretrain.training.optim import build_optimizer, build_scheduler, describe
+from pretrain.training.checkpoint.resume import apply_resume_changes, restart_schedules
+from pretrain.training.optim import build_optimizer, build_scheduler, describe, group_param_names
 from pretrain.training.step import STEP_TARGETS, FreeGradientsAfterStep, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
 
 TARGET_POSITIONS = (
     "target_positions"  # (N,) flat indices of the labelled positions (sparse-target objectives)
 )
+# packed-document inputs that mask nothing when every row holds one document (padding aside: id -1, masked)
+DOCUMENT_KEYS = ("document_ids", "position_ids", "decoder_document_ids", "decoder_position_ids")
 
 
 class PretrainData(PretrainDataModule):
@@ -36,6 +45,16 @@ class PretrainData(PretrainDataModule):
     def __init__(self, *args: Any, accumulate_grad_batches: int = 1, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.accumulate_grad_batches = accumulate_grad_batches
+        self.realign = False  # a resume with another global batch (resume_allow=[batch]): see load_state_dict
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """With ``realign`` (set by ``setup.check_same_batch``), a position that is not a whole number of this
+        run's data-parallel batches moves back to the last one (the samples after it are read again)."""
+        state = dict(state_dict)
+        if self.realign:
+            per_batch = self.micro_batch_size * self.world_size
+            state["consumed_samples"] = int(state["consumed_samples"]) // per_batch * per_batch
+        super().load_state_dict(state)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -47,12 +66,19 @@ class PretrainData(PretrainDataModule):
         return StepGroups(super().train_dataloader(), self.accumulate_grad_batches)
 
     def on_before_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
-        """Drop attention masks that mask nothing (packed samples have no padding), still on the CPU: the
-        backbone then calls SDPA without an explicit mask (``is_causal`` for decoders), allowing FlashAttention.
-        For an objective with ``sparse_targets`` add ``target_positions`` (N,), the flat indices of the labelled
-        positions, so the LM head runs on those only; found here on the CPU, the device never waits for it."""
+        """Drop attention masks that mask nothing (packed samples have no padding), and document ids and positions
+        when every row holds one document (they then mask nothing either: ids 0, positions 0, 1, ...), still on
+        the CPU: the backbone then calls SDPA without an explicit mask (``is_causal`` for decoders), allowing
+        FlashAttention. For an objective with ``sparse_targets`` add ``target_positions`` (N,), the flat indices of
+        the labelled positions, so the LM head runs on those only; found here on the CPU, the device never waits
+        for it. Under context parallelism the masks were dropped on the whole batch before it was cut
+        (``SequenceShard``: every rank of a group must agree whether there is one) and document ids are kept (a
+        rank's shard may hold one document while another's holds two)."""
+        if self.sequence_shard is None and "document_ids" in batch and int(batch["document_ids"].max()) <= 0:
+            for key in DOCUMENT_KEYS:
+                batch.pop(key, None)
         for key in ("attention_mask", "decoder_attention_mask"):
-            if key in batch and bool(batch[key].all()):
+            if key in batch and bool(batch[key].all()) and self.sequence_shard is None:
                 del batch[key]
         if self.objective.sparse_targets and "labels" in batch:
             batch[TARGET_POSITIONS] = (batch["labels"].flatten() != IGNORE_INDEX).nonzero().squeeze(1)
@@ -96,6 +122,7 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         self.model = Transformer(run.model)
         self.model.check_inputs = False  # the tokenizer/vocab fit is checked once before training
         self.model.gradient_checkpointing = run.trainer.activation_checkpointing
+        self.tensor_parallel = run.strategy.tensor_parallel > 1  # vocabulary-sharded logits
         if run.trainer.float8:
             from pretrain.training.float8 import convert_to_float8
 
@@ -108,6 +135,10 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
             "meta"
         ):  # shapes only: FLOPs of the whole model, whatever shards the strategy makes
             self._flops_per_token = Transformer(run.model).flops_per_token
+        self.resume_changes: frozenset[str] = (
+            frozenset()
+        )  # resume_allow entries that differ (setup.prepare_run)
+        self.base_lrs: list[float] = []  # each parameter group's base learning rate (configure_optimizers)
         self.decayed_tensors = 0  # weight-decayed parameter tensors (set by configure_optimizers)
         self._flops_per_sample: dict[tuple[int, int | None], tuple[float, float]] = {}
         self.step_loss: StepLoss | None = None  # the running optimizer step's loss terms (set at train start)
@@ -126,9 +157,13 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
 
     def _batch_flops(self, inputs: dict[str, Tensor], backward: bool) -> float:
         """Model FLOPs of one micro-batch (forward + backward, or forward only), the LM head counted at its
-        ``target_positions`` only; cached per shape."""
+        ``target_positions`` only; cached per shape. Under context parallelism those of the whole sequences
+        (this rank's positions times the context-parallel size; the LM head at as many targets on every rank),
+        which the throughput monitor shares among a data-parallel rank's devices."""
+        cp = self.run.strategy.context_parallel
         batch, seq = inputs["input_ids"].shape
-        dec = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else None
+        seq *= cp
+        dec = inputs["decoder_input_ids"].shape[1] * cp if "decoder_input_ids" in inputs else None
         if (seq, dec) not in self._flops_per_sample:  # (all positions, without the head)
             self._flops_per_sample[seq, dec] = tuple(
                 self._flops_per_token(seq, dec, head_positions=h) * seq for h in (None, 0)
@@ -137,7 +172,7 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         flops = full * batch
         if TARGET_POSITIONS in inputs:
             head_per_position = (full - headless) / (dec or seq)
-            flops = headless * batch + head_per_position * len(inputs[TARGET_POSITIONS])
+            flops = headless * batch + head_per_position * len(inputs[TARGET_POSITIONS]) * cp
         return flops if backward else flops / 3
 
     def _reduce(self, t: Tensor) -> Tensor:
@@ -148,30 +183,39 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
         k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
         self.step_loss = StepLoss(k, world, self._reduce, twice)
+        restart_schedules(self, self.base_lrs)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """Micro-batch ``batch_idx`` of the running optimizer step; see ``pretrain.training.step``."""
         step, k = self.step_loss, self.trainer.accumulate_grad_batches
         assert step is not None
         micro = batch_idx % k
+        dp_rank, dp_size = data_parallel_position(self.trainer)
+        cp_rank, cp_size = context_parallel_position(self.trainer)
         if self.run.model.dropout or self.run.model.attn_dropout:  # nothing else in a step draws from them
-            _seed_generators(
-                dropout_seed(self.run.seed, self.global_step, micro, self.global_rank), self.device
-            )
+            # one stream per (data-parallel, context-parallel) rank: per batch and slice of its sequences
+            rank = dp_rank * cp_size + cp_rank
+            _seed_generators(dropout_seed(self.run.seed, self.global_step, micro, rank), self.device)
         if micro == 0:
             step.begin(batch[STEP_TARGETS])
             self._num_correct = None
         inputs, labels = self._split(batch)
-        logits = self.model(**inputs).logits
-        loss_sum, _ = self.objective.loss(logits, labels)
+        with vocabulary_parallel(self.tensor_parallel):
+            logits = self.model(**inputs).logits
+            loss_sum, _ = self.objective.loss(logits, labels)
         self.flops_per_batch = self._batch_flops(inputs, backward=True)
-        self.tokens_seen += inputs["input_ids"].numel() * self.trainer.world_size
+        self.tokens_seen += inputs["input_ids"].numel() * dp_size * cp_size
         loss = step.add(loss_sum)
 
         if lightning_compat.should_update_logs(self.trainer):
-            correct = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
+            correct = num_correct(logits.detach(), labels)
             self._num_correct = correct if self._num_correct is None else self._num_correct + correct
         return loss
+
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Lightning's backward, under ``loss_parallel`` with tensor parallelism (its cross entropy's backward)."""
+        with vocabulary_parallel(self.tensor_parallel):
+            super().backward(loss, *args, **kwargs)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """On a logging step, the step's loss, accuracy (perplexity) and global gradient norm (before clipping;
@@ -222,9 +266,11 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         inputs, labels = self._split(batch)
-        logits = self.model(**inputs).logits
+        with vocabulary_parallel(self.tensor_parallel):
+            logits = self.model(**inputs).logits
+            metrics = self.objective.metrics(logits, labels)
         self.flops_per_batch = self._batch_flops(inputs, backward=False)
-        for key, value in self.objective.metrics(logits, labels).items():
+        for key, value in metrics.items():
             self._val_sums[key] = self._val_sums.get(key, 0) + value.float()
 
     def on_validation_epoch_end(self) -> None:
@@ -248,8 +294,18 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         )
         rank_zero_info(describe(optimizer))
         self.decayed_tensors = sum(len(g["params"]) for g in optimizer.param_groups if g["weight_decay"] > 0)
+        self.base_lrs = [
+            g["lr"] for g in optimizer.param_groups
+        ]  # the config's (a resume may restart from them)
         scheduler = build_scheduler(optimizer, self.run.optim, self.run.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def optimizer_param_names(self) -> list[list[str]]:
+        """The parameter names (``model.*``) of each optimizer group in the order ``configure_optimizers`` builds
+        them: what the numbered optimizer state of a checkpoint file refers to."""
+        return group_param_names(
+            self.run.model, self.run.optim.weight_decay, muon=self.run.optim.name == "muon"
+        )
 
     # ------------------------------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -262,6 +318,7 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        apply_resume_changes(self, checkpoint)
         self.tokens_seen = int(checkpoint.get(PAYLOAD, {}).get("tokens_seen", 0))
 
 

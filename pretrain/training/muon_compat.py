@@ -52,15 +52,26 @@ def resolve(name: str, device: torch.device) -> str:
 
 
 @contextlib.contextmanager
-def newton_schulz_dtype(name: str) -> Iterator[None]:
-    """Within the block, ``torch.optim.Muon.step`` orthogonalises in ``name`` (``bfloat16``: torch's own)."""
-    if name == "bfloat16":
+def newton_schulz_dtype(name: str, zero_where: torch.Tensor | None = None) -> Iterator[None]:
+    """Within the block, ``torch.optim.Muon.step`` orthogonalises in ``name`` (``bfloat16``: torch's own), and
+    where ``zero_where`` (a (,) bool device tensor) is true the update is zero (a select on the device)."""
+    if name == "bfloat16" and zero_where is None:
         yield
         return
     from torch.optim import _muon
 
     original = _muon._zeropower_via_newtonschulz
-    _muon._zeropower_via_newtonschulz = functools.partial(newton_schulz, dtype=NS_DTYPES[name])
+    orthogonalise = (
+        original if name == "bfloat16" else functools.partial(newton_schulz, dtype=NS_DTYPES[name])
+    )
+    if zero_where is not None:
+        inner = orthogonalise
+
+        def orthogonalise(*args, **kwargs):  # type: ignore[no-redef]
+            update = inner(*args, **kwargs)
+            return torch.where(zero_where, torch.zeros((), dtype=update.dtype, device=update.device), update)
+
+    _muon._zeropower_via_newtonschulz = orthogonalise
     try:
         yield
     finally:

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from pretrain.config import OptimConfig
+from pretrain.models.config import ModelConfig
 from pretrain.training.muon_compat import newton_schulz_dtype, resolve
 
 
@@ -74,6 +75,19 @@ def param_groups(
     ]
 
 
+def group_param_names(model: ModelConfig, weight_decay: float, *, muon: bool = False) -> list[list[str]]:
+    """The parameter names (``model.*``, as ``PretrainModule`` holds the backbone) of each :func:`param_groups`
+    group in order: what the numbered optimizer state of a checkpoint file refers to (found on a meta-device copy,
+    whatever shards a strategy made of the live one)."""
+    from pretrain.models.transformer import Transformer
+
+    with torch.device("meta"):
+        backbone = Transformer(model)
+    names = {id(p): f"model.{n}" for n, p in backbone.named_parameters()}
+    groups = param_groups(backbone, weight_decay, width_mult=model.width_mult, muon=muon)
+    return [[names[id(p)] for p in g["params"]] for g in groups]
+
+
 def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     """Multiplier of ``cfg.lr`` at optimizer step ``s`` (0-based).
 
@@ -134,14 +148,31 @@ class MuonWithAdamW(torch.optim.Optimizer):
         super().load_state_dict(state_dict)  # rebuilds param_groups and state: point the inner ones at them
         self._link()
 
+    @property
+    def skips_on_device(self) -> bool:
+        """Whether ``step`` honours ``found_inf`` without reading it on the host (as a fused optimizer does):
+        Muon selects on the device, AdamW needs its fused kernel."""
+        return bool(self.adamw.defaults.get("fused")) and self.adamw._step_supports_amp_scaling
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Both inner steps; a ``found_inf`` attribute (a (,) device tensor, nonzero: skip the step, as
+        GradScaler passes it to fused optimizers) leaves parameters and state as they were."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.muon.step()
-        self.adamw.step()
+        skip = getattr(self, "found_inf", None)
+        if skip is None:
+            self.muon.step()
+            self.adamw.step()
+            return loss
+        self.muon.step(skip=skip)
+        self.adamw.found_inf = skip  # read by the fused kernel
+        try:
+            self.adamw.step()
+        finally:
+            del self.adamw.found_inf
         return loss
 
 
@@ -155,10 +186,34 @@ class _MuonGathered(torch.optim.Muon):
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, skip: Tensor | None = None) -> Any:
+        """torch's Muon step (Newton-Schulz in ``ns_dtype``). ``skip`` (a (,) device tensor, nonzero: skip) keeps
+        every parameter and momentum buffer as it was, by selects on the device, so the host never waits for the
+        verdict: the gradient is replaced by the buffer (which the momentum update then leaves as it is) and the
+        orthogonalised update by zeros; with weight decay the matrices are also copied and put back. A step that
+        is not skipped equals torch's bit for bit."""
         device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
-        with newton_schulz_dtype(resolve(self.ns_dtype, device)):
-            return self._step(closure)
+        if skip is None:
+            with newton_schulz_dtype(resolve(self.ns_dtype, device)):
+                return self._step(closure)
+        skip = skip.bool()
+        kept = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:  # as torch creates it
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                grad = _local(p.grad)
+                torch.where(skip, _local(state["momentum_buffer"]), grad, out=grad)
+                if group["weight_decay"]:
+                    kept.append((p, _local(p).clone()))
+        with newton_schulz_dtype(resolve(self.ns_dtype, device), zero_where=skip):
+            out = self._step(closure)
+        for p, before in kept:
+            _local(p).copy_(torch.where(skip, before, _local(p)))
+        return out
 
     def _step(self, closure: Callable[[], Any] | None) -> Any:
         sharded = [p for g in self.param_groups for p in g["params"] if _is_dtensor(p) and p.grad is not None]
@@ -194,6 +249,11 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "full_tensor")
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's values of ``t`` (its shard, for a ``DTensor``), writable in place."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
 def build_optimizer(
     model: nn.Module,
     cfg: OptimConfig,
@@ -201,11 +261,13 @@ def build_optimizer(
     cpu_offload: bool = False,
     amp: bool = False,
     width_mult: float = 1.0,
+    extra_groups: list[dict[str, Any]] = (),
 ) -> torch.optim.Optimizer:
     """AdamW (fused) over :func:`param_groups`, or :class:`MuonWithAdamW` for ``cfg.name == "muon"``; DeepSpeed's
     CPU Adam when ZeRO offloads the optimizer to the CPU. ``width_mult``: muP's m (``ModelConfig.width_mult``).
     ``amp`` (a ``*-mixed`` precision): not fused, since Lightning's AMP plugin refuses to clip gradients for an
-    optimizer that unscales them itself (a fused one)."""
+    optimizer that unscales them itself (a fused one). ``extra_groups``: AdamW groups of parameters outside
+    ``model`` with their own ``lr`` (finetuning's task head); empty groups are dropped."""
     muon = cfg.name == "muon"
     groups = param_groups(model, cfg.weight_decay, width_mult=width_mult, muon=muon)
     for g in groups:
@@ -213,6 +275,7 @@ def build_optimizer(
             g["lr"], g["weight_decay"] = cfg.muon.lr * g["lr_mult"], cfg.muon.weight_decay
         else:
             g["lr"] = cfg.lr * g["lr_mult"]
+    groups = [g for g in [*groups, *extra_groups] if g["params"]]
     kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
     if cpu_offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam

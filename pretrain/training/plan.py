@@ -42,6 +42,7 @@ from torch import nn
 
 from pretrain import config
 from pretrain.config import RunConfig
+from pretrain.errors import InputError
 
 HEADROOM = 0.9  # of --gpu-memory usable by tensors
 UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -55,7 +56,7 @@ def parse_bytes(text: str) -> int:
     """``80GiB``, ``80G``, ``24GB`` (read as GiB, as GPU memory is quoted), ``512MiB`` -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
     if not match:
-        raise ValueError(f"--gpu-memory {text!r} is not a size; write e.g. 80GiB, 40GiB or 24GiB")
+        raise InputError(f"--gpu-memory {text!r} is not a size; write e.g. 80GiB, 40GiB or 24GiB")
     return int(float(match.group(1)) * UNITS[match.group(2)])
 
 
@@ -297,7 +298,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.gpus < 1:
-        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+        raise InputError(f"--gpus must be >= 1, got {args.gpus}")
     memory = parse_bytes(args.gpu_memory)
     run, _ = config.load(args.recipe, args.overrides)
     run = replace(run, trainer=replace(run.trainer, compile=False, float8=False))  # eager shapes

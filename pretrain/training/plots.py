@@ -3,8 +3,8 @@ train / val loss, learning rate and tokens/s against the optimizer step, one PNG
 evaluated during fit (``pretrain.training.in_loop_eval``) gets a fourth panel: each task's ``acc`` and the
 CORE-style ``eval/core``.
 
-tokens/s is measured, not logged: the throughput monitor's cumulative ``train/lengths`` (tokens) over its
-cumulative ``train/time`` (seconds), differenced between consecutive logged steps. A resumed run's versions
+tokens/s is measured, not logged: the throughput monitor's cumulative ``train/tokens_per_device`` (tokens) over its
+cumulative ``train/seconds`` (seconds), differenced between consecutive logged steps. A resumed run's versions
 are read in order and joined.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
+
+from pretrain.datamodules.storage import atomic_write
 
 CURVES = ("loss", "learning rate", "tokens/s", "in-loop evaluation")
 
@@ -46,8 +48,11 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
                 for name in (*columns, *filter(is_eval_curve, row)):
                     if row.get(name) not in (None, ""):
                         curves.setdefault(name, []).append((step, float(row[name])))
-                if row.get("train/lengths") not in (None, "") and row.get("train/time") not in (None, ""):
-                    tokens, seconds = float(row["train/lengths"]), float(row["train/time"])
+                if row.get("train/tokens_per_device") not in (None, "") and row.get("train/seconds") not in (
+                    None,
+                    "",
+                ):
+                    tokens, seconds = float(row["train/tokens_per_device"]), float(row["train/seconds"])
                     if clock is not None and seconds > clock[1] and tokens > clock[0]:
                         curves["tokens/s"].append((step, (tokens - clock[0]) / (seconds - clock[1])))
                     clock = (tokens, seconds)
@@ -89,6 +94,6 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
     return out

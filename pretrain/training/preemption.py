@@ -37,6 +37,7 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 
+from pretrain.errors import InputError
 from pretrain.training.checkpoint.io import remove_partial_saves
 from pretrain.training.host_sync import DeferredRead, allowed
 from pretrain.training.lightning_compat import validation_follows
@@ -67,7 +68,7 @@ class LastCheckpoint(Checkpoint):
 
     def __init__(self, path: str | Path, every_n_steps: int, signals: tuple[int, ...] = STOP_SIGNALS):
         if every_n_steps < 1:
-            raise ValueError(f"checkpoint.every_n_steps must be >= 1, got {every_n_steps}")
+            raise InputError(f"checkpoint.every_n_steps must be >= 1, got {every_n_steps}")
         self.path, self.every_n_steps, self.signals = Path(path), every_n_steps, tuple(signals)
         self.received: int | None = None  # the first stop signal this process got
         self._previous: dict[int, Any] = {}

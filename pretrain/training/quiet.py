@@ -1,5 +1,11 @@
-"""Library noise off by default (``--debug`` / ``PRETRAIN_DEBUG=1`` shows it): Lightning's advertising tips and
-the deprecation notices libraries raise about their own internals. Our own warnings are kept."""
+"""Library noise off by default on every verb (``--debug`` / ``PRETRAIN_DEBUG=1`` shows it): Lightning's
+advertising tips, the deprecation notices libraries raise about their own internals, the notices they log about
+themselves on import (torchao's optional kernels that do not load on this machine, torch's pytree registry
+deprecations that torchao triggers, DeepSpeed settling on the CPU where no accelerator is found), and two notices
+tensor parallelism raises on every run though nothing is wrong: FSDP2's that a module returned a view (DTensor's
+``to_local`` returns views, which nothing modifies in place) and DTensor's that a reduction over two mesh dims
+takes two collectives (the gradient norm's scalar all-reduces, in the same order on every rank). Our own warnings
+are kept."""
 
 from __future__ import annotations
 
@@ -10,22 +16,40 @@ import warnings
 LIBRARIES = (
     r"(lightning|lightning_fabric|pytorch_lightning|torch|transformers|deepspeed|wandb|torchmetrics)(\.|$)"
 )
-ADVERTISING = ("💡 Tip:",)
+# logger name -> the start of the messages dropped (a library's notices about itself, not about the run)
+NOTICES = {
+    "lightning.pytorch.utilities.rank_zero": ("💡 Tip:",),
+    "lightning.fabric.utilities.rank_zero": ("💡 Tip:",),
+    "torchao": ("Failed to load ",),  # its optional CUDA / CUTLASS extensions
+    "torch.utils._pytree": (
+        "<enum ",
+    ),  # "... is an Enum subclass ...: register_constant() ... is deprecated"
+    "DeepSpeed": ("Setting accelerator to CPU",),
+    "torch.distributed.tensor._redistribute": ("While redistributing from",),  # two collectives, in order
+}
 
 
-class _DropAdvertising(logging.Filter):
+class _DropNotices(logging.Filter):
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(ADVERTISING)
+        return not str(record.getMessage()).startswith(self.starts)
 
 
 def quiet_libraries() -> None:
-    """Ignore library deprecation warnings and drop Lightning's tips (idempotent)."""
+    """Ignore library deprecation warnings and drop the notices of ``NOTICES`` (idempotent; set before the
+    libraries are imported, the filters hold when they log at import)."""
     if os.environ.get("PRETRAIN_DEBUG", "") not in ("", "0"):
         return
     for category in (DeprecationWarning, FutureWarning):
         warnings.filterwarnings("ignore", category=category, module=LIBRARIES)
     warnings.filterwarnings("ignore", message=r".*\bis deprecated\b", module=LIBRARIES)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module .* returned a view tensor", module=LIBRARIES
+    )
+    for name, starts in NOTICES.items():
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropAdvertising) for f in logger.filters):
-            logger.addFilter(_DropAdvertising())
+        if not any(isinstance(f, _DropNotices) for f in logger.filters):
+            logger.addFilter(_DropNotices(starts))

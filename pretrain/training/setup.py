@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import RunConfig
-from pretrain.config.run import check_checkpoint
+from pretrain.config.run import check_checkpoint, check_resume_path
+from pretrain.errors import InputError
+from pretrain.training.checkpoint.resume import (
+    MISSING,
+    Compared,
+    at,
+    compare_for_resume,
+    config_keys,
+    lr_schedule_values,
+    optimizer_values,
+)
 
 
 def build_objective(run: RunConfig, tokenizer: Any) -> Any:
@@ -48,7 +58,7 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
     )
     if run.checkpoint.monitor not in logged:
         close = difflib.get_close_matches(run.checkpoint.monitor, logged, n=1, cutoff=0.5)
-        raise ValueError(
+        raise InputError(
             f"checkpoint.monitor={run.checkpoint.monitor!r} is not a metric the validation logs ({logged})"
             + (f"; did you mean {close[0]!r}?" if close else "; pick one of them")
             + " (or checkpoint.save_top_k=0 to keep only last.ckpt)"
@@ -59,18 +69,24 @@ def check_monitor(run: RunConfig, objective: Any) -> None:
 def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
     """The datamodule; ``ValueError`` when a prepared corpus was tokenized with another tokenizer."""
     from pretrain.config.run import mixture_schedule
-    from pretrain.datamodules.prepare import read_meta
+    from pretrain.datamodules.prepare import FORMAT_VERSION, format_change, read_meta
     from pretrain.training.module import PretrainData
 
     digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
     for source in run.data.sources:
-        if read_meta(source.prepared).get("tokenizer_sha256") != digest:
-            raise ValueError(
+        meta = read_meta(source.prepared)
+        if meta.get("tokenizer_sha256") != digest:
+            raise InputError(
                 f"{source.prepared} was prepared with another tokenizer than {run.tokenizer.path}; "
                 f"rerun `pretrain prepare` (with --force) or point data.sources at matching data"
             )
         if source.text:
             check_fresh(run, source, tokenizer)
+        elif meta.get("format_version") != FORMAT_VERSION:  # no text to compare: the format alone tells
+            raise InputError(
+                f"data source {source.name!r}: {source.prepared} is stale ({format_change(meta.get('format_version'))}); "
+                "rerun `pretrain prepare` on its text to rebuild it"
+            )
     return PretrainData(
         [s.prepared for s in run.data.sources],
         objective,
@@ -83,6 +99,7 @@ def build_data(run: RunConfig, objective: Any, tokenizer: Any) -> Any:
         accumulate_grad_batches=run.trainer.accumulate_grad_batches,
         schedule=mixture_schedule(run.data),
         names=[s.name for s in run.data.sources],
+        document_mask=run.data.document_mask,
     )
 
 
@@ -98,7 +115,7 @@ def model_token_ids(run: RunConfig, tokenizer: Any) -> dict[str, int | None]:
     ids["decoder_start_token_id"] = pad if run.model.arch == "encoder-decoder" else None
     for name, value in ids.items():
         if getattr(run.model, name) not in (None, value):
-            raise ValueError(
+            raise InputError(
                 f"model.{name}={getattr(run.model, name)} but the tokenizer {run.tokenizer.path} gives {value}; "
                 f"remove model.{name} (special-token ids come from the tokenizer)"
             )
@@ -122,7 +139,7 @@ def check_fresh(run: RunConfig, source: Any, tokenizer: Any) -> None:
         dedup=source.dedup,
     )
     if reason is not None:
-        raise ValueError(
+        raise InputError(
             f"data source {source.name!r}: {source.prepared} is stale ({reason}); rerun `pretrain prepare` "
             "with this recipe to rebuild it"
         )
@@ -157,48 +174,159 @@ def resume_path(run: RunConfig) -> Path | None:
         ):
             return _as_last(found, Path(run.checkpoint_dir) / "last.ckpt")
         return found
-    path = Path(run.resume)
-    if not path.exists():
-        raise FileNotFoundError(f"resume={run.resume}: no such checkpoint (use resume=auto or resume=null)")
-    return path
+    check_resume_path(run)
+    return Path(run.resume)
 
 
 def corpus_key(meta: dict[str, Any]) -> str:
     """What a prepared corpus was made of, tokenizer aside: its inputs' content hashes and the prepare settings."""
     material = {"inputs": [i.get("sha256") for i in meta.get("inputs", [])], "settings": meta.get("settings")}
+    if meta.get("format_version", 0) >= 3:  # special-token text encoded as text: other ids, another corpus
+        material["special_token_text"] = "text"
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 
 
-RESUME_CHANGES = {
-    "tokenizer": "the checkpoint's weights now read another tokenizer's ids; checkpoints from here on store the new "
-    "tokenizer",
-    "data": "weights, optimizer and step continue; the sample order continues from the checkpoint's position over "
-    "the new corpus",
-}
+def _tokenizer(payload: dict[str, Any]) -> dict[str, Any]:
+    text = payload.get("tokenizer_json")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12] if text is not None else MISSING
+    return {"tokenizer (sha256 of tokenizer.json)": digest}
 
 
-def check_same_inputs(
-    run: RunConfig, saved: dict[str, Any], tokenizer_json: str, data_keys: dict[str, Any], ckpt: Path
-) -> None:
-    """A resume continues on the tokenizer and prepared corpora the checkpoint trained on (``tokenizer.json`` text,
-    each source's ``meta.json`` cache key), unless ``resume_allow`` lists the change; then a warning says what
-    happens. Checkpoints from before these were recorded are not checked."""
+def _stream(section: str) -> Any:
+    """What maps a data position to samples, besides the corpora: the packed length and the blend weights."""
+
+    def values(payload: dict[str, Any]) -> dict[str, Any]:
+        sources = at(payload, f"{section}.data.sources")
+        weights = MISSING if sources is MISSING else {s["name"]: s["weight"] for s in sources}
+        return {
+            "prepared data (corpus keys)": payload.get("data_keys", MISSING) or MISSING,
+            "data.sources[].weight": weights,
+            "data.seq_len": at(payload, f"{section}.data.seq_len"),
+        }
+
+    return values
+
+
+def _mixture(payload: dict[str, Any]) -> dict[str, Any]:
+    """``data.schedule`` (when it has phases), and the samples per optimizer step its stream counts in."""
+    schedule = at(payload, "config.data.schedule")
+    if schedule is MISSING:
+        return {}
+    if not schedule["phases"]:
+        return {"data.schedule": None, "data.schedule has phases": False}
+    t = payload["config"]["trainer"]
+    per_step = payload["config"]["data"]["micro_batch_size"] * t["accumulate_grad_batches"] * t["devices"]
+    return {
+        "data.schedule": schedule,
+        "data.schedule has phases": True,
+        SAMPLES_PER_STEP: per_step * t["num_nodes"],
+    }
+
+
+def _samples_per_step(payload: dict[str, Any], section: str) -> dict[str, Any]:
+    config = at(payload, section)
+    if config is MISSING:
+        return {}
+    t = config["trainer"]
+    per_step = (
+        config["data"]["micro_batch_size"] * t["accumulate_grad_batches"] * t["devices"] * t["num_nodes"]
+    )
+    return {SAMPLES_PER_STEP: per_step}
+
+
+def stream_position(run: RunConfig, position: tuple[int, int], ckpt: Path) -> int:
+    """Where the sample stream of a run resumed with another global batch (``resume_allow=[batch]``) continues,
+    said in a warning: the checkpoint's position, moved back to a whole data-parallel batch of this run when it
+    is not one (``PretrainData.realign``). Returns how many samples that moves back (read again)."""
     import warnings
 
-    changed = []
-    if saved.get("tokenizer_json") is not None and saved["tokenizer_json"] != tokenizer_json:
-        changed.append(("tokenizer", f"the tokenizer differs from the checkpoint's ({run.tokenizer.path})"))
-    if saved.get("data_keys") is not None and saved["data_keys"] != data_keys:
-        changed.append(("data", f"the prepared data differs from the checkpoint's ({sorted(data_keys)})"))
-    for what, problem in changed:
-        if what not in run.resume_allow:
-            raise ValueError(
-                f"cannot resume {ckpt}: {problem}; resume with the tokenizer and data it trained on, start a new run "
-                f"(name=NEW or resume=null), or pass resume_allow=[{what}] ({RESUME_CHANGES[what]})"
-            )
-        warnings.warn(
-            f"resuming {ckpt} although {problem} (resume_allow): {RESUME_CHANGES[what]}", stacklevel=2
-        )
+    epoch, consumed = position
+    per_batch = run.data.micro_batch_size * run.trainer.devices * run.trainer.num_nodes
+    per_step = per_batch * run.trainer.accumulate_grad_batches
+    back = consumed % per_batch
+    again = (
+        f" ({back} samples before it, read by the checkpoint's last step, are read again)"
+        if back
+        else " (every sample before it read once, none skipped)"
+    )
+    warnings.warn(
+        f"resuming {ckpt} with {per_step} samples per step: the sample stream continues at sample "
+        f"{consumed - back:,} of epoch {epoch}{again}",
+        stacklevel=2,
+    )
+    return back
+
+
+SAMPLES_PER_STEP = (
+    "samples per step (data.micro_batch_size x trainer.accumulate_grad_batches x trainer.devices x "
+    "trainer.num_nodes)"
+)
+_SEED = Compared(
+    None, "`seed`", config_keys("config", "seed"), "the sample order and dropout follow the seed"
+)
+FIT_RESUME = (
+    _SEED,
+    Compared(
+        "tokenizer",
+        "the tokenizer (`tokenizer.json`)",
+        _tokenizer,
+        "the checkpoint's weights now read another tokenizer's ids; checkpoints from here on store the new "
+        "tokenizer",
+    ),
+    Compared(
+        "data",
+        "the prepared corpora (`meta.json` keys), `data.sources[].weight`, `data.seq_len`",
+        _stream("config"),
+        "weights, optimizer and step continue; the sample order continues from the checkpoint's position over "
+        "the new stream, which is recomputed from step 0 (samples may be read again or never; change a mixture "
+        "mid-run with data.schedule phases instead)",
+    ),
+    Compared(
+        "objective",
+        "`objective.name`, `objective.options`",
+        config_keys("config", "objective.name", "objective.options"),
+        "weights, optimizer and data position continue under the new objective; losses before and after are not "
+        "comparable",
+    ),
+    Compared(
+        "optimizer",
+        "`optim.name`, `betas`, `eps`, `weight_decay`, `optim.muon.*` but `lr` and `ns_dtype`",
+        optimizer_values("config"),
+        "optimizer state re-initialised: moments and step counts start from zero with the new settings; "
+        "weights, learning-rate schedule position and data continue",
+    ),
+    Compared(
+        "lr_schedule",
+        "`optim.lr`, `schedule`, `warmup_steps`, `min_lr_ratio`, `decay_steps` (default `trainer.max_steps`), "
+        "`cooldown_fraction` (wsd), `optim.muon.lr`",
+        lr_schedule_values("config"),
+        "the learning rate follows the new schedule from the checkpoint's step on",
+    ),
+    Compared(
+        "data_schedule",
+        "`data.schedule` (with phases)",
+        lambda payload: {k: v for k, v in _mixture(payload).items() if k == "data.schedule"},
+        "the samples of the steps before the checkpoint stay those its schedule drew (none is read twice or "
+        "skipped); the new schedule sets the mixture from the checkpoint's step on",
+    ),
+    Compared(
+        "batch",
+        "samples per optimizer step (`data.micro_batch_size` x `trainer.accumulate_grad_batches` x "
+        "`trainer.devices` x `trainer.num_nodes`; the strategy and the number of ranks may change with it kept)",
+        lambda payload: _samples_per_step(payload, "config"),
+        "weights, optimizer, step and learning-rate schedule continue; the sample stream continues from the "
+        "checkpoint's position (the next warning says where)",
+    ),
+    Compared(
+        None,
+        "whether `data.schedule` has phases; samples per optimizer step (with phases)",
+        lambda payload: {k: v for k, v in _mixture(payload).items() if k != "data.schedule"},
+        "a schedule's stream counts its draws per step",
+    ),
+)
+
+# what `pretrain validate` compares: the meaning of the weights and of the validation stream
+VALIDATE_RESUME = (_SEED, *(c for c in FIT_RESUME if c.allow in ("tokenizer", "data", "objective")))
 
 
 def new_run_id() -> str:
@@ -207,17 +335,27 @@ def new_run_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
-def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
+def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = True) -> dict[str, Any]:
     """Everything before the Trainer: tokenizer, objective, data, checkpoint to resume, module. Cheap, and it
-    raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint)."""
+    raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint). Not
+    ``training`` (``pretrain validate``): only what gives the weights and the validation data their meaning is
+    compared (``VALIDATE_RESUME``), not the optimizer, the schedules or the batch."""
     import lightning as L
 
     from pretrain.datamodules.prepare import read_meta
+    from pretrain.datamodules.storage import exchanges_atomically
     from pretrain.datamodules.tokenizer import load_tokenizer
-    from pretrain.training.checkpoint.io import payload
+    from pretrain.training.checkpoint.convert import initial_weights
+    from pretrain.training.checkpoint.io import data_position, payload
     from pretrain.training.checkpoint.resume import check_compatible
     from pretrain.training.module import PretrainModule
 
+    if training and run.checkpoint.async_save and not exchanges_atomically(run.checkpoint_dir):
+        raise InputError(
+            f"checkpoint.async_save=true needs a file system that swaps two names atomically (renameat2 "
+            f"RENAME_EXCHANGE), so that last.ckpt always names a complete checkpoint; {run.checkpoint_dir}'s "
+            "cannot: put run_dir on a local Linux file system, or set checkpoint.async_save=false"
+        )
     tokenizer = load_tokenizer(run.tokenizer.path)
     ids = model_token_ids(run, tokenizer)
     run.model = dataclasses.replace(run.model, **ids)
@@ -225,12 +363,16 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     objective = build_objective(run, tokenizer)
     datamodule = build_data(run, objective, tokenizer)
     ckpt = resume_path(run)
-    wandb_id = None
+    wandb_id, changes = None, []
     data_keys = {s.name: corpus_key(read_meta(s.prepared)) for s in run.data.sources}
     if ckpt is not None:
         saved = payload(ckpt)
         check_compatible(saved["config"]["model"], resolved["model"], ckpt)
-        check_same_inputs(run, saved, tokenizer.to_str(), data_keys, ckpt)
+        current = {"config": resolved, "tokenizer_json": tokenizer.to_str(), "data_keys": data_keys}
+        table = FIT_RESUME if training else VALIDATE_RESUME
+        changes = compare_for_resume(table, saved, current, run.resume_allow, ckpt)
+        if "batch" in changes:
+            datamodule.realign = stream_position(run, data_position(ckpt), ckpt) > 0
         wandb_id = saved.get("wandb_run_id")
     L.seed_everything(run.seed, verbose=False)
     module = PretrainModule(
@@ -241,4 +383,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any]) -> dict[str, Any]:
         wandb_id=wandb_id or new_run_id(),
         data_keys=data_keys,
     )
+    module.resume_changes = frozenset(changes)
+    if ckpt is None and run.init.checkpoint is not None:  # a fresh run from another run's weights
+        module.model.load_state_dict(initial_weights(run.init.checkpoint, module.model, tokenizer.to_str()))
     return {"tokenizer": tokenizer, "datamodule": datamodule, "module": module, "ckpt": ckpt}

@@ -85,7 +85,9 @@ class StepLoss:
     ``num_targets`` (the global N, (,)), on the device; and the loss each micro-batch backpropagates.
 
     ``multiplier`` is k * W (undoing Lightning's division by k and data-parallel averaging over W), times k
-    again where the engine divides by its accumulation steps once more (DeepSpeed)."""
+    again where the engine divides by its accumulation steps once more (DeepSpeed). W counts every rank: under
+    tensor parallelism the tp ranks of a batch each add its targets to N, so W and N both count it tp times and
+    the ratio is the data-parallel one."""
 
     def __init__(self, accumulate: int, world_size: int, reduce: Callable[[Tensor], Tensor], twice: bool):
         self.accumulate, self.reduce = accumulate, reduce

@@ -17,6 +17,9 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch import nn
 
 from pretrain.config.run import TrainingRun
+from pretrain.errors import InputError
+from pretrain.parallel.mesh import ParallelDims, RunMesh
+from pretrain.training.checkpoint.async_save import AsyncCheckpointIO, AsyncCheckpointWriter
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 
 
@@ -28,13 +31,13 @@ def deepspeed_config(run: TrainingRun) -> dict[str, Any]:
     """
     ds = run.strategy.deepspeed
     if (ds.offload_optimizer or ds.offload_parameters) and ds.stage == 1:
-        raise ValueError(
+        raise InputError(
             "strategy.deepspeed: CPU offload needs ZeRO stage 2 or 3; set strategy.deepspeed.stage"
         )
     if ds.offload_parameters and ds.stage != 3:
-        raise ValueError("strategy.deepspeed.offload_parameters needs ZeRO stage 3")
+        raise InputError("strategy.deepspeed.offload_parameters needs ZeRO stage 3")
     if ds.param_persistence_threshold < 0:
-        raise ValueError(
+        raise InputError(
             f"strategy.deepspeed.param_persistence_threshold must be >= 0, got {ds.param_persistence_threshold}"
         )
     zero: dict[str, Any] = {
@@ -87,6 +90,30 @@ def shard_model(
             fully_shard(child, **options)
 
 
+def parallelize(
+    module: nn.Module,
+    mesh: RunMesh,
+    *,
+    sequence_parallel: bool = False,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+) -> None:
+    """The run's parallelism on its ``mesh`` (``pretrain.parallel.mesh``), in torchtitan's order: context
+    parallelism over the ``cp`` dim (the model's stacks told their group; no parameter changes), tensor (and
+    sequence) parallelism over the ``tp`` dim by each model's own plan, then FSDP2 over the data-parallel dims
+    (:func:`shard_model`; with context parallelism, dp_shard x cp)."""
+    if mesh.dims.cp > 1:
+        from pretrain.parallel.context import apply_context_parallel
+
+        apply_context_parallel(module, mesh.cp.get_group())
+    if mesh.dims.tp > 1:
+        from pretrain.parallel.tensor import apply_tensor_parallel
+
+        apply_tensor_parallel(module, mesh.tp, sequence_parallel)
+    options = {"reshard_after_forward": reshard_after_forward, "cpu_offload": cpu_offload}
+    shard_model(module, mesh.data_parallel, **options)
+
+
 def collective_timeout(run: TrainingRun) -> timedelta:
     """How long a collective may wait: past the hang guard's stack dump (``guards.hang``)."""
     return timedelta(seconds=run.guards.hang.collective_timeout_seconds)
@@ -99,19 +126,25 @@ def build_fsdp(run: TrainingRun) -> Strategy:
 
     fsdp = run.strategy.fsdp
     if fsdp.sharding_strategy == "NO_SHARD":
-        raise ValueError("strategy.fsdp.sharding_strategy=NO_SHARD is data parallel: use strategy.name=ddp")
-    parallelize = partial(
-        shard_model,
+        raise InputError("strategy.fsdp.sharding_strategy=NO_SHARD is data parallel: use strategy.name=ddp")
+    dims = ParallelDims.of(run)
+    apply = partial(
+        parallelize,
+        sequence_parallel=run.strategy.sequence_parallel,
         reshard_after_forward=fsdp.sharding_strategy != "SHARD_GRAD_OP",
         cpu_offload=fsdp.cpu_offload,
     )
+    sharded = fsdp.state_dict_type == "sharded"
     strategy = PerModuleSharding(
-        parallelize,
-        hybrid=fsdp.sharding_strategy == "HYBRID_SHARD",
-        save_distributed_checkpoint=fsdp.state_dict_type == "sharded",
+        apply,
+        dims,
+        save_distributed_checkpoint=sharded,
         timeout=collective_timeout(run),
     )
-    strategy.checkpoint_io = AtomicCheckpointIO()  # state_dict_type=full: one file, written by rank 0
+    # state_dict_type=full: one file, written by rank 0 (or in the background, a DCP directory)
+    strategy.checkpoint_io = checkpoint_io(run)
+    if sharded and run.checkpoint.async_save:
+        strategy.async_writer = AsyncCheckpointWriter()
     return strategy
 
 
@@ -121,12 +154,18 @@ def build_deepspeed(run: TrainingRun) -> Strategy:
     try:
         import deepspeed  # noqa: F401  (installed? and DS_ACCELERATOR read now)
     except ImportError as err:
-        raise ValueError(
+        raise InputError(
             "strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'"
         ) from err
     from pretrain.training.lightning_compat import DeepSpeedAnyDevice
 
     return DeepSpeedAnyDevice(config=deepspeed_config(run), timeout=collective_timeout(run))
+
+
+def checkpoint_io(run: TrainingRun) -> AtomicCheckpointIO:
+    """How rank 0 writes a whole checkpoint: one file, atomically; with ``checkpoint.async_save``, a DCP directory
+    written in the background."""
+    return AsyncCheckpointIO() if run.checkpoint.async_save else AtomicCheckpointIO()
 
 
 def build_strategy(run: TrainingRun) -> str | Strategy:
@@ -141,7 +180,7 @@ def build_strategy(run: TrainingRun) -> str | Strategy:
             static_graph=s.ddp.static_graph,
             process_group_backend=s.ddp.process_group_backend,
             timeout=collective_timeout(run),
-            checkpoint_io=AtomicCheckpointIO(),
+            checkpoint_io=checkpoint_io(run),
         )
     if s.name == "fsdp":
         return build_fsdp(run)

@@ -18,12 +18,18 @@ the vendors' datasheets (their "with sparsity" figures halved). Lightning's own 
 figures (e.g. H200, H100 NVL), which halves MFU on those chips. A GPU that is not in the table logs no MFU and
 warns once, a CPU logs none silently, unless ``trainer.peak_flops`` gives the peak -- never a wrong number.
 
-``PeakThroughputMonitor`` logs what Lightning's ``ThroughputMonitor`` logs (``train/time``, ``train/lengths``,
-``train/device/items_per_sec``, ``train/device/mfu``, ...: Lightning's ``Throughput`` over the last
-``window_size`` micro-batches), but that one calls ``torch.cuda.synchronize()`` after every batch to read the
+``PeakThroughputMonitor`` logs what Lightning's ``ThroughputMonitor`` logs, under names that say what they are
+(``NAMES``: ``train/seconds``, ``train/tokens_per_device``, ``train/tokens_per_sec``,
+``train/tokens_per_sec_per_device``, ``train/mfu``, ...: Lightning's ``Throughput`` over the last ``window_size``
+micro-batches), but that one calls ``torch.cuda.synchronize()`` after every batch to read the
 clock. Here each batch end on CUDA is an event; the events become host times at the next logging step, after
 one wait for the newest (``t_i = now - elapsed(e_i, e_last)``), so the times are the device's and a step that
 does not log never waits. On the CPU the host clock is read directly. Validation time is not training time.
+
+Under tensor and context parallelism the cp x tp ranks of a data-parallel rank share its batches and its FLOPs
+(the module counts those of whole sequences): ``Throughput`` counts data-parallel ranks (its global samples/s and
+FLOP/s are the job's), and a ``device/`` rate is that of a data-parallel rank, whose MFU is over the peak of its
+cp x tp devices.
 """
 
 from __future__ import annotations
@@ -39,9 +45,29 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from pretrain.parallel.mesh import data_parallel_position
 from pretrain.training import lightning_compat
 
 MFU_CONVENTION = "6N + 12*L*d*T FLOPs per token (torchtitan; no causal halving) / dense peak"
+# Lightning's ``Throughput`` names -> names that say what they are (logged under ``train/``): cumulative counts
+# since this launch started training, on this device (rank 0); rates over the last ``window_size`` micro-batches,
+# on this device or over all ranks; "items" are tokens here (``length_fn``)
+NAMES = {
+    "time": "seconds",  # training time, validation excluded
+    "batches": "micro_batches_per_device",
+    "samples": "samples_per_device",
+    "lengths": "tokens_per_device",
+    "device/batches_per_sec": "micro_batches_per_sec_per_device",
+    "device/samples_per_sec": "samples_per_sec_per_device",
+    "device/items_per_sec": "tokens_per_sec_per_device",
+    "device/flops_per_sec": "flops_per_sec_per_device",
+    "device/mfu": "mfu",
+    "batches_per_sec": "micro_batches_per_sec",
+    "samples_per_sec": "samples_per_sec",
+    "items_per_sec": "tokens_per_sec",
+    "flops_per_sec": "flops_per_sec",
+    "mfu": "mfu",
+}
 
 T = 1e12
 # lower-cased device-name fragment -> dense peak FLOP/s per dtype. Matched in this order, first hit wins: a
@@ -153,9 +179,13 @@ class PeakThroughputMonitor(Callback):
         dtype = dtype_key(compute_dtype(str(trainer.precision)), self.float8)
         available = mfu_peak(name, dtype, self.peak)  # setup runs once per fit: one warning if unknown
         if available is not None:
-            rank_zero_info(f"train/device/mfu: {MFU_CONVENTION} {available:.4g} FLOP/s ({name}, {dtype})")
+            rank_zero_info(f"train/mfu: {MFU_CONVENTION} {available:.4g} FLOP/s ({name}, {dtype})")
+        data_parallel = data_parallel_position(trainer)[1]
+        sharing = trainer.world_size // data_parallel  # devices that share a batch (cp x tp)
         self.throughput = Throughput(
-            available_flops=available, world_size=trainer.world_size, window_size=self.window_size
+            available_flops=None if available is None else available * sharing,
+            world_size=data_parallel,
+            window_size=self.window_size,
         )
 
     @rank_zero_only
@@ -185,7 +215,7 @@ class PeakThroughputMonitor(Callback):
         if step_ends and lightning_compat.should_update_logs(trainer):
             self._flush()
             assert self.throughput is not None
-            metrics = {f"train/{k}": v for k, v in self.throughput.compute().items()}
+            metrics = {f"train/{NAMES.get(k, k)}": v for k, v in self.throughput.compute().items()}
             lightning_compat.log_metrics(trainer, metrics)
 
     def _flush(self) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,9 +13,11 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from pretrain.config.run import TrainingRun, check_checkpoint
 from pretrain.training import lightning_compat
+from pretrain.training.checkpoint.async_save import AsyncCheckpointIO
 from pretrain.training.checkpoint.io import AtomicCheckpointIO
 from pretrain.training.garbage import ScheduledGarbageCollection
 from pretrain.training.guards import build_guards
@@ -23,7 +27,7 @@ from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.progress import progress_callbacks
 from pretrain.training.quiet import quiet_libraries
 from pretrain.training.step import micro_batches
-from pretrain.training.strategies import build_strategy
+from pretrain.training.strategies import build_strategy, checkpoint_io
 from pretrain.training.throughput import PeakThroughputMonitor
 
 
@@ -36,6 +40,53 @@ def wandb_mode(run: TrainingRun) -> str:
     )
 
 
+class StepWandbLogger(WandbLogger):
+    """Lightning's ``WandbLogger`` on the run's step numbering: W&B's own step is the step the metrics are logged
+    at (``wandb.log(step=...)``; Lightning lets W&B count its calls instead), the step of the CSV log, the
+    progress lines and the checkpoint names, so a resumed run's history continues the run's step axis (an
+    offline launch no longer starts its history at 0). W&B cannot rewind a run's history (its rewind is a
+    private preview), so a step an earlier launch has sent already -- a resume from a checkpoint older than the
+    run's last logged step -- is not sent again: ``steps_file`` keeps the newest step each run id has sent
+    (offline runs cannot ask W&B), and one warning says which steps only the other loggers (CSV) hold."""
+
+    def __init__(self, steps_file: Path, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.steps_file = steps_file
+        self._floor: int | None = None  # steps below it were sent by earlier launches of this run
+        self._skipped: list[int] = []
+
+    def _sent(self) -> dict[str, int]:
+        try:
+            return {str(k): int(v) for k, v in json.loads(self.steps_file.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if step is None or self._prefix:
+            return super().log_metrics(metrics, step)
+        run = self.experiment
+        if self._floor is None:  # once per launch: what the run holds already
+            self._floor = max(int(run.step), self._sent().get(run.id, -1) + 1)
+        if step < self._floor:
+            if not self._skipped:
+                warnings.warn(
+                    f"W&B run {run.id} holds steps up to {self._floor - 1} from an earlier launch (this one resumed "
+                    f"from an older checkpoint; W&B cannot rewind a run): steps {step}-{self._floor - 1} of this "
+                    "launch are logged to the other loggers (CSV) only",
+                    stacklevel=2,
+                )
+            self._skipped.append(step)
+            return
+        run.log({**metrics, "trainer/global_step": step}, step=step)
+        sent = self._sent()
+        if sent.get(run.id, -1) < step:  # a hint, replaced whole (no fsync: a lost update re-sends one step)
+            self.steps_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.steps_file.with_name(f".{self.steps_file.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**sent, run.id: step}))
+            os.replace(tmp, self.steps_file)
+
+
 def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
     """W&B (offline by default; ``wandb_id`` continues a run), CSV and TensorBoard under ``run.run_dir``."""
     out = Path(run.run_dir)
@@ -45,7 +96,8 @@ def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | No
         mode = wandb_mode(run)
         os.environ["WANDB_MODE"] = mode  # no network and no account needed unless the user asks for it
         out.mkdir(parents=True, exist_ok=True)
-        logger = WandbLogger(
+        logger = StepWandbLogger(
+            out / "wandb" / "last-steps.json",
             project=cfg.wandb.project,
             name=cfg.wandb.name or run.name,
             group=cfg.wandb.group,
@@ -90,6 +142,11 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
         from pretrain.training.in_loop_eval import InLoopEvaluation
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
+    ema = getattr(run, "ema", None)  # a RunConfig section only
+    if ema is not None and ema.decay is not None:
+        from pretrain.training.ema import EMA
+
+        callbacks.append(EMA(ema.decay, ema.every_n_steps, ema.start_step))
     if run.checkpoint.save_top_k != 0:
         check_checkpoint(
             run.checkpoint
@@ -145,7 +202,7 @@ def build_trainer(
         log_every_n_steps=min(t.log_every_n_steps, t.max_steps),  # a short run still logs its last step
         logger=build_loggers(run, resolved, wandb_id) if loggers is None else loggers,
         callbacks=[*build_callbacks(run), *progress, *callbacks],
-        plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,
+        plugins=[checkpoint_io(run)] if strategy == "auto" else None,
         enable_progress_bar=progress_bar,
         use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
         default_root_dir=run.run_dir,
@@ -155,6 +212,8 @@ def build_trainer(
         bar.get_metrics = metrics_of_logging_steps(bar.get_metrics)  # type: ignore[method-assign]
     if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
         trainer.strategy.checkpoint_io.reclaimable = lambda: outside_retention(trainer)
+    if isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO):
+        trainer.strategy.checkpoint_io.strategy = trainer.strategy
     return trainer
 
 

@@ -16,6 +16,7 @@ from pretrain.cli import main
 from pretrain.datamodules.prepare import prepare
 
 GPT_TINY = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
+MODERNBERT = REPO_ROOT / "recipes" / "modernbert-tiny.yaml"
 
 
 def pretrain(capsys, *args) -> tuple[int, str, str]:
@@ -59,6 +60,29 @@ def test_export_into_a_read_only_directory(capsys, tmp_path, checkpoint, monkeyp
 
         monkeypatch.setattr("pretrain.training.cli.tempfile.TemporaryFile", denied)
     assert "Permission denied" in one_error_line(capsys, "export", checkpoint, out)
+
+
+def test_an_interrupted_export_leaves_no_half_written_directory(capsys, tmp_path, checkpoint, monkeypatch):
+    """The disk fills while the tokenizer files are written (after config.json and the weights): the target
+    directory is not created, nothing of the attempt is left, and a half-written directory made by hand (or by an
+    older version) is refused by the readers in one line instead of being half-read."""
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "hf" / "tokenizer.json"))
+
+    monkeypatch.setattr("pretrain.models.hf.hf_tokenizer", full_disk)
+    assert "No space left on device" in one_error_line(capsys, "export", checkpoint, tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no hf/, no .hf.partial-*
+    monkeypatch.undo()
+
+    from pretrain.errors import InputError
+    from pretrain.evaluation.models import load_model_and_tokenizer
+
+    assert pretrain(capsys, "export", checkpoint, tmp_path / "hf")[0] == 0
+    weights = tmp_path / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    with pytest.raises(InputError, match="not a complete transformers model directory.*model.safetensors"):
+        load_model_and_tokenizer(tmp_path / "hf")
 
 
 # ---------------------------------------------------------------------------------------- generate
@@ -107,18 +131,76 @@ def test_malformed_recipe_yaml(capsys, tmp_path):
 
 
 def test_objective_override_leaves_no_options_of_the_old_piece(capsys):
-    line = one_error_line(capsys, "fit", GPT_TINY, "objective.name=mlm", "--print-config")
-    assert "['document_masking']" in line and "~objective.options" in line
-    status, out, _ = pretrain(
-        capsys, "fit", GPT_TINY, "objective.name=mlm", "~objective.options", "--print-config"
+    bert = REPO_ROOT / "recipes" / "bert-tiny.yaml"
+    line = one_error_line(capsys, "fit", bert, "objective.name=clm", "--print-config")
+    assert (
+        "['mask_replace_prob', 'mlm_probability', 'random_replace_prob']" in line
+        and "~objective.options" in line
     )
-    assert status == 0 and yaml.safe_load(out)["objective"] == {"name": "mlm", "options": {}}
+    status, out, _ = pretrain(
+        capsys, "fit", bert, "objective.name=clm", "~objective.options", "--print-config"
+    )
+    assert status == 0 and yaml.safe_load(out)["objective"] == {"name": "clm", "options": {}}
+
+
+def test_the_old_clm_document_masking_option_names_its_replacement(capsys):
+    line = one_error_line(
+        capsys, "fit", GPT_TINY, "objective.options.document_masking=true", "--print-config"
+    )
+    assert "replaced by data.document_mask" in line
+
+
+def test_a_run_dir_that_is_a_file_is_named_as_the_recipe_key(capsys, tmp_path):
+    (tmp_path / "run").write_text("mine")  # before: "[Errno 17] File exists" after Lightning's import
+    line = one_error_line(capsys, "fit", GPT_TINY, f"run_dir={tmp_path / 'run'}")
+    assert f"run_dir={tmp_path / 'run'} is a file; give a directory" in line
+    assert (tmp_path / "run").read_text() == "mine"
 
 
 def test_negative_learning_rate_is_named_before_the_run_directory_exists(capsys, tmp_path):
     run_dir = tmp_path / "run"
     line = one_error_line(capsys, "fit", GPT_TINY, "optim.lr=-1", f"run_dir={run_dir}")
-    assert "optim.lr must be > 0" in line and not run_dir.exists()
+    assert "optim.lr must be a finite number > 0" in line and not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["model.position=rope", "model.rope_scaling={type: ntk, factor: 4}"],
+            "rope_scaling.type must be one of",
+        ),
+        (["model.position=rope", "model.rope_scaling={type: yarn}"], "rope_scaling.factor is required"),
+        (["model.rope_scaling={type: yarn, factor: 4}"], "rope_scaling scales rotary positions"),
+        ([MODERNBERT, "data.seq_len=32"], "local_attention_window=33 is not smaller than data.seq_len=32"),
+        (
+            [MODERNBERT, "model.global_attn_every_n_layers=5"],
+            "global_attn_every_n_layers must be an integer in [1, 4]",
+        ),
+        (
+            [MODERNBERT, "model.local_attention_window=0"],
+            "local_attention_window must be an integer in [1, 256]",
+        ),
+        (
+            ["model.n_head=3"],
+            "divisible by model.n_head (3), or set model.head_dim",
+        ),  # before: n_head, head_dim
+    ],
+    ids=[
+        "unknown-rope-type",
+        "missing-factor",
+        "no-rope",
+        "window-over-context",
+        "pattern",
+        "local-no-window",
+        "heads-not-dividing-width",
+    ],
+)
+def test_bad_model_section_is_one_line_before_the_run_directory_exists(capsys, tmp_path, overrides, expected):
+    run_dir = tmp_path / "run"
+    recipe, overrides = (overrides[0], overrides[1:]) if overrides[0] == MODERNBERT else (GPT_TINY, overrides)
+    line = one_error_line(capsys, "fit", recipe, *overrides, f"run_dir={run_dir}")
+    assert expected in line and "model" in line and not run_dir.exists()
 
 
 # ---------------------------------------------------------------------------------------- tokenizer / prepare
@@ -180,3 +262,48 @@ def test_prepare_removes_what_killed_runs_left(tmp_path, tiny_world):
     prepare([corpus], tiny_world["tokenizer"], tmp_path / "data", val_fraction=0.1, progress=False)
     assert not any(p.exists() for p in leftovers)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "data"]
+
+
+def test_prepared_only_source_of_an_older_format_is_refused(capsys, tmp_path, tiny_world):
+    """A corpus written before special-token text was encoded as text, named by ``prepared`` alone (no raw text to
+    compare with): its format version tells, before any heavy work."""
+    import json
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_world["data"], data)
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps({**meta, "format_version": 2}))
+    recipe = tiny_recipe(
+        tmp_path, tiny_world, "gpt", data={"sources": [{"name": "old", "prepared": str(data)}]}
+    )
+    line = one_error_line(capsys, "fit", recipe)
+    assert "is stale" in line and "format version 2" in line and "special-token strings" in line
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------- document masks
+def test_document_mask_on_a_corpus_without_document_lengths(capsys, tmp_path, tiny_world):
+    import json
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_world["data"], data)
+    meta = json.loads((data / "meta.json").read_text())
+    del meta["document_lengths"]  # as another tool would write it
+    (data / "meta.json").write_text(json.dumps(meta))
+    recipe = tiny_recipe(
+        tmp_path, tiny_world, "gpt", data={"sources": [{"name": "x", "prepared": str(data)}]}
+    )
+    line = one_error_line(capsys, "fit", recipe, "data.document_mask=true")
+    assert "records none" in line and "data.document_mask=false" in line and not (tmp_path / "run").exists()
+
+
+def test_a_window_larger_than_the_context(capsys):
+    line = one_error_line(capsys, "fit", GPT_TINY, "model.attention_window=128", "--print-config")
+    assert "model.attention_window=128 is not smaller than data.seq_len=128" in line
+
+
+def test_document_mask_with_a_baseline_that_reads_across_documents(capsys):
+    line = one_error_line(
+        capsys, "baseline", REPO_ROOT / "recipes" / "lstm-lm-tiny.yaml", "data.document_mask=true"
+    )
+    assert "baseline rnn_lm cannot honour data.document_mask" in line and "data.document_mask=false" in line

@@ -74,6 +74,7 @@ def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_wor
             tiny_world,
             "gpt",
             trainer={"max_steps": 4, "val_check_interval": 100},
+            optim={"decay_steps": 6},  # one learning-rate schedule for every launch
             tokenizer={"path": str(tokenizer)},
             data={"sources": [{"name": "tiny", "prepared": str(data)}], "seq_len": 32, "micro_batch_size": 4},
         )
@@ -96,7 +97,8 @@ def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_wor
     capsys.readouterr()
     assert fit(tmp_path / f"edited{i}") == 2
     err = capsys.readouterr().err
-    assert "cannot resume" in err and "the prepared data differs" in err and "resume_allow=[data]" in err
+    assert "cannot resume" in err and "prepared data (corpus keys).tiny: checkpoint '" in err
+    assert "resume_allow=[data]" in err
     assert (
         fit(tmp_path / f"edited{i}", tiny_world["tokenizer"], "resume_allow=[data]") == 0
     )  # the explicit override
@@ -108,7 +110,7 @@ def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_wor
     prepare([edited], other, tmp_path / "other", val_fraction=0.1, progress=False)  # the checkpoint's corpus
     capsys.readouterr()
     assert fit(tmp_path / "other", other, "trainer.max_steps=6") == 2
-    assert "the tokenizer differs from the checkpoint's" in capsys.readouterr().err
+    assert "tokenizer (sha256 of tokenizer.json): checkpoint '" in capsys.readouterr().err
 
 
 def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_path, tiny_world):
@@ -120,7 +122,8 @@ def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_p
 
     trainer = {"max_steps": 4, "val_check_interval": 2}
     checkpoint = {"every_n_steps": 2, "save_top_k": 1, "monitor": "val/accuracy"}  # higher is better
-    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer, checkpoint=checkpoint)
+    optim = {"decay_steps": 8}  # the schedule of the extended run from the start
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer, checkpoint=checkpoint, optim=optim)
     checkpoints = tmp_path / "run" / "checkpoints"
     assert main(["fit", str(recipe)]) == 0
     state = best_state(checkpoints / "last.ckpt")  # saved after step 4's validation: it knows that result

@@ -50,10 +50,16 @@ def test_long_context_recipes_run(tmp_path, shared_data):
             log=tmp_path / f"{recipe}.log",
             PRETRAIN_SHARED_DATA=str(shared_data),
         )
-        for recipe in ("bigbird-wikitext2", "swa-decoder-wikitext2")
+        for recipe in ("bigbird-wikitext2", "swa-decoder-wikitext2", "long-context-base")
     ]
     for fit in fits:
         fit.wait()
+    # the YaRN extension starts from long-context-base's weights (init.checkpoint), at 1,024 tokens
+    base = tmp_path / "long-context-base" / "checkpoints" / "last.ckpt"
+    yarn = tmp_path / "long-context-yarn"
+    args = [*paths, *quick, f"run_dir={yarn}", f"init.checkpoint={base}"]
+    run_cli("fit", "recipes/long-context-yarn.yaml", *args, PRETRAIN_SHARED_DATA=str(shared_data))
+    assert (yarn / "checkpoints" / "last.ckpt").is_file()
     command = [
         sys.executable,
         "-m",

@@ -1,6 +1,6 @@
 """The documented commands run as written, in their order, right after ``make demo`` and do what they say
-(issue 22): the README's CLI block and sharded CPU example, and the recipes README's first and tiny-recipe blocks.
-``PRETRAIN_OVERRIDES`` cuts every run to 2 steps; the commands themselves are read from the READMEs."""
+(issue 22): the README's CLI block, and the recipes README's sharded CPU example, first and tiny-recipe blocks.
+``PRETRAIN_OVERRIDES`` cuts every training run to 2 steps; the commands themselves are read from the READMEs."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ SHORT = {
     "baseline": "trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 data.micro_batch_size=2 "
     "logger.wandb.enabled=false",
     "finetune": "trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 data.micro_batch_size=4",
-    "evaluate": "limit=2",
-}
+}  # `evaluate` runs as written (its --limit is part of the command: a shorter one would hide a too-long example)
 
 
 def commands(readme: Path, after: str) -> list[list[str]]:
@@ -95,7 +94,9 @@ def test_documented_commands_run_in_order_after_make_demo(tmp_path, shakespeare)
             assert saved["pretrain"]["config"]["model"]["n_layer"] == 2
         if argv[1] == "generate":
             assert "ROMEO:" in out
-    assert (work / "hf-out" / "config.json").is_file() and (work / "curves.png").is_file()
+    assert (work / "runs/gpt-tiny-hf/config.json").is_file() and (work / "runs/curves.png").is_file()
+    # every output under runs/ (ignored by git), none in the root
+    assert sorted(p.name for p in work.iterdir()) == ["recipes", "runs"]
 
     # the sharded example: a new run that trains, not the finished demo run resumed for 0 steps
     (fsdp, _) = commands(REPO_ROOT / "recipes" / "README.md", "The sharded strategies run on CPUs too")

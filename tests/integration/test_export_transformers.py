@@ -187,3 +187,31 @@ def test_fast_recipe_exports_with_equal_logits(tokenizer, tmp_path):
     ids = torch.tensor([tokenizer.encode("ROMEO: what light through yonder window breaks").ids])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_exported_modernbert_loads_with_auto_model_for_masked_lm(tokenizer, tmp_path):
+    """`pretrain export` of a ModernBERT-layout checkpoint: AutoModelForMaskedLM (and AutoTokenizer, with the
+    mask token) load the directory as ModernBertForMaskedLM with our logits."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=448, d_model=32, n_head=2, d_ff=64, max_seq_len=64, **TINY_MODEL["modernbert"]
+    )
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # norms 1 and the decoder bias 0 at init: make a swapped norm or bias visible
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    out = export(model, tokenizer, tmp_path)
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "ModernBertForMaskedLM"
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    batch = hf_tokenizer(
+        ["ROMEO: what <mask> thou?", "To be, or not to <mask>, that is the question"],
+        padding=True,
+        return_tensors="pt",
+    )
+    assert (batch["input_ids"] == hf_tokenizer.mask_token_id).sum() == 2
+    with torch.no_grad():
+        ours = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        theirs = hf(**batch).logits
+    real = batch["attention_mask"].bool()
+    assert (ours - theirs).abs()[real].max().item() <= 1e-5

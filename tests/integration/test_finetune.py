@@ -107,7 +107,8 @@ def raw(files, tmp_path, model: dict, **sections) -> dict:
 
 @pytest.mark.slow
 def test_minilm_learns_sst2(shared_data, tmp_path):
-    """The MiniLM recipe's path, shortened: 20 steps (320 sentences), > 70% on the first 200 dev sentences."""
+    """The MiniLM recipe's path (unpadded batches), shortened: 40 steps (640 sentences), > 70% on the first 200
+    dev sentences (20 steps read 0.54-0.725 over seeds; 40 read 0.72-0.78, at the cost of 20 padded steps)."""
     dev = tmp_path / "dev200.tsv"
     dev.write_text("".join((shared_data / "cls/glue/SST-2/dev.tsv").read_text().splitlines(True)[:201]))
     cfg = load_config(
@@ -115,7 +116,7 @@ def test_minilm_learns_sst2(shared_data, tmp_path):
         [
             f"data.train_file={shared_data / 'cls/glue/SST-2/train.tsv'}",
             f"data.val_file={dev}",
-            "trainer.max_steps=20",
+            "trainer.max_steps=40",
             "data.micro_batch_size=16",
             "data.max_length=40",
             "trainer.max_time_minutes=null",
@@ -128,7 +129,7 @@ def test_minilm_learns_sst2(shared_data, tmp_path):
         ],
     )
     results = run(cfg)
-    assert results["steps"] == 20
+    assert results["steps"] == 40
     assert results["val"]["accuracy"] > 0.70, results
 
 

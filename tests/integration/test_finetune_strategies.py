@@ -26,7 +26,7 @@ NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0}
 BERT = TINY | TINY_MODEL["bert"] | NO_DROPOUT | {"type_vocab_size": 2, "pooler": True}  # BERT's pooler head
 T5 = TINY | TINY_MODEL["t5"] | NO_DROPOUT
 STEPS = 6
-LORA = {"r": 4, "alpha": 8, "target_modules": ["qkv", "q", "kv", "out", "fc", "proj"]}
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q", "k", "v", "out", "gate", "fc", "proj"]}
 STRATEGIES = {
     "ddp": {"name": "ddp", "ddp": {"process_group_backend": "gloo"}},
     "fsdp": {"name": "fsdp"},
@@ -115,6 +115,9 @@ def runs(tmp_path_factory):
     configs = []
     t2t = {"head": {"kind": "text2text", "dropout": 0.0}, "lora": LORA}  # text-to-text with LoRA adapters
     beam = t2t | {
+        # the x3-scaled T5's decoder self-attention softmax is saturated: adapters on q and k would get
+        # rounding-level gradients, which AdamW turns into lr-sized updates of either sign (4e-5 apart at step 1)
+        "lora": LORA | {"target_modules": ["v", "out", "gate", "fc", "proj"]},
         "decoding": BEAM,
         "trainer": {"max_steps": 2},
         "init": {"checkpoint": str(_eos_prone_t5(files))},
@@ -170,14 +173,11 @@ def test_sharded_finetuning_equals_ddp(runs, kind, strategy):
     (reference, _, _), (model, _, _) = (load_finetuned(d / "finetuned.pt") for d in (ddp, sharded))
     ours = model.state_dict()
     # atol 1e-5: the key bias gets a zero gradient up to rounding (softmax ignores it), which AdamW turns into
-    # updates of ~lr * rounding-sign; everything else agrees to ~1e-7
+    # updates of ~lr * rounding-sign; everything else agrees to ~1e-7. t2tbeam: AdamW's g / sqrt(v) on the saturated
+    # T5's near-zero adapter gradients amplifies ZeRO-3's reduction order to 1.3e-5 (attn.out, weights ~1.8: measured)
+    atol = 5e-5 if kind == "t2tbeam" else 1e-5
     for name, weight in reference.state_dict().items():
-        mine = ours[name]
-        if kind == "t2tbeam" and name.startswith("decoder.") and name.endswith("attn.qkv.weight"):
-            # the x3-scaled T5's decoder self-attention softmax is saturated: q and k get rounding-level
-            # gradients, which AdamW turns into lr-sized updates of either sign; the v rows are compared
-            mine, weight = (w[2 * w.shape[0] // 3 :] for w in (mine, weight))
-        torch.testing.assert_close(mine, weight, rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(ours[name], weight, rtol=1e-5, atol=atol, msg=name)
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero3"])

@@ -135,6 +135,29 @@ def bigbird():
     return transformers.BigBirdForMaskedLM(cfg)
 
 
+def _modernbert_config(**kw):
+    """Every 2nd layer global: layers 0 and 2 global (theta 1000), layer 1 local (window |q - k| <= 3, theta 50),
+    so both the window and the local theta change the 11-token logits."""
+    layout = {"global_attn_every_n_layers": 2, "local_attention": 6, "pad_token_id": 0, "eos_token_id": 2}
+    layout |= {"bos_token_id": 1, "cls_token_id": 1, "sep_token_id": 2}
+    theta = {"full_attention": 1000.0, "sliding_attention": 50.0}
+    rope = {kind: {"rope_type": "default", "rope_theta": t} for kind, t in theta.items()}
+    return transformers.ModernBertConfig(
+        vocab_size=V,
+        hidden_size=36,
+        intermediate_size=50,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        max_position_embeddings=40,
+        rope_parameters=rope,
+        **layout | kw,
+    )
+
+
+def modernbert():
+    return transformers.ModernBertForMaskedLM(_modernbert_config())
+
+
 _BERT_SHARED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 _BERT_SHARED += ("max_position_embeddings", "type_vocab_size")
 
@@ -148,6 +171,7 @@ FAMILIES = {
     "llama": llama,
     "mistral": mistral,
     "bigbird": bigbird,
+    "modernbert": modernbert,
 }
 
 
@@ -202,6 +226,28 @@ def test_from_hf_matches_transformers(name, backend, tmp_path):
         with torch.no_grad():
             pooled = model(**kw).pooled_output
         torch.testing.assert_close(pooled, hf(**kw).pooler_output, atol=1e-4, rtol=0)
+
+
+def test_modernbert_layer_pattern_is_read_and_matters():
+    """from_hf reads the pattern (global every 2nd layer, window, both thetas); the local layers' window and theta
+    each change transformers' logits, so the parity above covers them."""
+    cfg = from_hf(modernbert()).config
+    pattern = (
+        cfg.global_attn_every_n_layers,
+        cfg.local_attention_window,
+        cfg.rope_theta,
+        cfg.local_rope_theta,
+    )
+    assert (
+        pattern == (2, 4, 1000.0, 50.0) and (cfg.mlm_head_bias, cfg.norm_bias, cfg.attn_bias) == (False,) * 3
+    )
+    kw, _ = _inputs("modernbert")
+    ref = _hf_out(_perturb(modernbert()), kw)
+    whole = transformers.ModernBertConfig.from_dict(_modernbert_config().to_dict() | {"local_attention": 40})
+    same_theta = _modernbert_config()
+    same_theta.rope_parameters["sliding_attention"]["rope_theta"] = 1000.0
+    for other in (whole, same_theta):
+        assert (_hf_out(_perturb(transformers.ModernBertForMaskedLM(other)), kw) - ref).abs().max() > 1e-3
 
 
 def test_from_hf_reads_architecture():
@@ -289,6 +335,94 @@ def test_relative_position_bucket_matches_t5():
                 relative, bidirectional=bidirectional, num_buckets=buckets, max_distance=distance
             )
             assert torch.equal(relative_position_bucket(relative, bidirectional, buckets, distance), ref)
+
+
+# ------------------------------------------------------------------------------------------------ RoPE scaling
+# head_dim 16 (8 frequencies) and original context 8 put frequencies on every branch of each formula; the
+# 40-token inputs run past max_position_embeddings (24), where dynamic NTK rescales.
+_ROPE_SCALED = {
+    "vocab_size": V,
+    "hidden_size": 32,
+    "intermediate_size": 40,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 24,
+}
+ROPE_PARAMETERS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 8},
+    "yarn_mscale": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 8}
+    | {"beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.7, "mscale_all_dim": 1.0, "truncate": False},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8}
+    | {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
+}
+
+
+def _rope_llama(rope: dict | None) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(0)
+    params = {"rope_type": "default"} if rope is None else rope
+    hf = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**_ROPE_SCALED, rope_parameters={**params, "rope_theta": 500.0})
+    )
+    return _perturb(hf)
+
+
+@pytest.mark.parametrize("name", list(ROPE_PARAMETERS))
+def test_rope_scaling_matches_transformers(name, tmp_path):
+    """from_hf of a Llama with rope_parameters: logits equal transformers' (the scaling changes them: compared
+    with the same weights unscaled); to_hf and save_hf give back a model with the same config and logits."""
+    hf = _rope_llama(ROPE_PARAMETERS[name])
+    ids = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(3))
+    model = from_hf(hf)
+    assert model.config.rope_scaling is not None and model.config.rope_scaling.type == name.split("_")[0]
+    with torch.no_grad():
+        ref = hf(ids).logits
+        unscaled = _rope_llama(None)(ids).logits
+        assert (ref - unscaled).abs().max() > 1e-3  # the scaling is exercised: 10x the tolerance below
+        assert (model(ids).logits - ref).abs().max().item() <= 1e-4
+    back = to_hf(model).eval()
+    assert back.config.rope_parameters["rope_type"] == hf.config.rope_parameters["rope_type"]
+    assert from_hf(back).config == model.config
+    loaded = type(hf).from_pretrained(save_hf(model, tmp_path / "export")).eval()
+    with torch.no_grad():
+        for exported in (back, loaded):
+            assert (exported(ids).logits - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["dynamic", "yarn"])
+def test_rope_scaling_cached_generation_matches_transformers(name):
+    """Greedy decoding with the KV cache from a 20-token prompt to 30 tokens, past max_position_embeddings (24):
+    transformers' generate gives the same tokens, and our cached step logits equal its cached step logits
+    (dynamic NTK: each new token rotated at the current length, cached keys as they were)."""
+    from pretrain.models.generation import generate
+    from pretrain.models.transformer import KVCache
+
+    hf = _rope_llama(ROPE_PARAMETERS[name])
+    prompt = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(4))
+    ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False)
+    model = from_hf(hf)
+    assert torch.equal(generate(model, prompt, 10, greedy=True), ref)
+    hf_cache, cache = transformers.DynamicCache(config=hf.config), KVCache(len(model.decoder.blocks))
+    with torch.no_grad():
+        for start, end in [(0, 20), *((t, t + 1) for t in range(20, 29))]:
+            chunk = ref[:, start:end]
+            theirs = hf(chunk, cache=hf_cache, use_cache=True).logits
+            ours = model(chunk, cache=cache, use_cache=True).logits
+            assert (ours - theirs).abs().max().item() <= 1e-4, (start, end)
+
+
+def test_rope_scaling_refused_in_one_line():
+    with pytest.raises(ValueError, match="rope_type='longrope' is not supported"):
+        from_hf(_rope_llama({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}))
+    dynamic = {"position": "rope", "norm": "rmsnorm", "norm_bias": False, "activation": "swiglu"}
+    dynamic |= {
+        "max_seq_len": 64,
+        "rope_scaling": {"type": "dynamic", "factor": 2.0, "original_max_seq_len": 16},
+    }
+    with pytest.raises(ValueError, match="rope_scaling"):  # transformers scales from max_position_embeddings
+        to_hf(_tiny(**dynamic))
 
 
 def _tiny(**kw) -> Transformer:

@@ -5,6 +5,7 @@ a run without it (dropout on), and a resumed run continues the evaluations."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -147,11 +148,17 @@ def test_decoder_in_loop_eval_is_pretrain_evaluate_leaves_losses_bitwise_and_sur
 
 
 @pytest.mark.parametrize("kind", ["bert", "t5"])
-def test_encoder_and_encoder_decoder_in_loop_eval_is_pretrain_evaluate(kind, world, tmp_path):
+def test_encoder_and_encoder_decoder_in_loop_eval_is_pretrain_evaluate(kind, world, tmp_path, caplog):
     """BERT by pseudo-log-likelihood, T5 as a seq2seq scorer: the numbers of the checkpoint at that step; the
-    BERT run also logs them to (offline) W&B."""
+    BERT run also logs them to (offline) W&B; the T5 one evaluates on steps ``trainer.sync_check=error`` checks
+    (scoring reads back by design: before, its reads stopped the run)."""
     wandb = {"logger": {"wandb": {"enabled": True}, "csv": True}} if kind == "bert" else {}
-    assert cli_main(["fit", str(eval_recipe(tmp_path, world, kind, **wandb))]) == 0
+    checked = {"trainer": {"sync_check": "error", "log_every_n_steps": 3}} if kind == "t5" else {}
+    caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
+    assert cli_main(["fit", str(eval_recipe(tmp_path, world, kind, **wandb, **checked))]) == 0
+    if checked:  # steps 1 and 3 (0-based) evaluate and do not log
+        summary = "sync_check=error: 3 steps that do not log checked (rank 0); host reads: none"
+        assert summary in caplog.text
     logged = logged_eval(read_metrics(tmp_path / "run"))
     assert sorted(logged) == [2, 4]
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"

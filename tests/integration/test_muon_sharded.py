@@ -75,7 +75,7 @@ def worker(rank: int, port: int, ns: str, out: dict) -> None:
                 net = nn.parallel.DistributedDataParallel(model)
             else:  # FSDP2 as the fsdp strategy applies it: every block, then the backbone
                 shard_model(nn.ModuleList([model]), init_device_mesh("cpu", (2,)))
-                assert hasattr(model.decoder.blocks[0].attn.qkv.weight, "full_tensor")  # sharded
+                assert hasattr(model.decoder.blocks[0].attn.q.weight, "full_tensor")  # sharded
             train(model, (rank,), ns, net)
             state = {k: getattr(v, "full_tensor", lambda v=v: v)() for k, v in model.state_dict().items()}
             if rank == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pretrain.cli import main
 from pretrain.training.plots import read_curves
 
-HEADER = "epoch,step,train/lengths,train/loss,train/lr,train/time,val/loss\n"
+HEADER = "epoch,step,train/tokens_per_device,train/loss,train/lr,train/seconds,val/loss\n"
 
 
 def write_log(run_dir, version: int, rows: list[str]) -> None:

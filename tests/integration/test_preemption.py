@@ -16,6 +16,15 @@ from pretrain.training.checkpoint import read
 from pretrain.training.preemption import Interrupted, LastCheckpoint
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own SIGINT handler, as an interactive shell gives it: a background job (``make test &``, nohup)
+    inherits SIGINT ignored, which ``LastCheckpoint.install`` then leaves ignored on purpose."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 class Signaller(L.LightningModule):
     """A linear model that sends itself ``signals`` during the training step of optimizer step ``at``."""
 

@@ -5,7 +5,9 @@ in byte ranges over 2-3 tasks, and exact dedup across 2 tasks, give single-proce
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +169,131 @@ def test_ray_cluster_of_two_workers_equals_single_process(tmp_path, corpus, tiny
     out = run_cli("prepare", str(recipe), "--executor", "ray", "--tasks", "2", "--workers", "2")
     assert "prepared c ->" in out.stdout
     assert_same_corpus(single, tmp_path / "ray")
+
+
+# ------------------------------------------------------------------ a failure never destroys finished work (issue 32)
+def _fail_task_1(tmp_path, corpus, name: str) -> tuple[list[Path], Path, bytes]:
+    """Inputs whose task 1 fails half-way (invalid UTF-8): task 0 finishes, its shards wait in staging."""
+    good = corpus[2].read_bytes()
+    broken = tmp_path / name / "part2.txt"
+    broken.parent.mkdir()
+    broken.write_bytes(good[:30_000] + b"\n\xff\n" + good[30_000:])
+    return [*corpus[:2], broken], broken, good
+
+
+def test_a_lost_or_damaged_shard_of_a_finished_task_is_redone_and_an_assembly_failure_loses_nothing(
+    tmp_path, corpus, tiny_world, monkeypatch
+):
+    tok, settings = tiny_world["tokenizer"], {"val_fraction": 0.2, "seed": 3}
+    inputs, broken, good = _fail_task_1(tmp_path, corpus, "in")
+    single = tmp_path / "single"
+    out = tmp_path / "tasks"
+    with pytest.raises(ValueError, match="invalid UTF-8"):
+        prepare_in_tasks(inputs, tok, out, tasks=2, workers=1, **settings)
+    (staging,) = tmp_path.glob(".tasks.tasks-*")
+    broken.write_bytes(good)
+    prepare(inputs, tok, single, progress=False, **settings)
+
+    # the assembly fails after moving shards (a full disk writing meta.json): every shard goes back to staging
+    from pretrain.datamodules import executors
+
+    real_write = executors.atomic_write_text
+
+    def full_disk(path, text):
+        if Path(path).name == "meta.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_write(path, text)
+
+    monkeypatch.setattr(executors, "atomic_write_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        prepare_in_tasks(inputs, tok, out, tasks=2, workers=1, **settings)
+    shards = sorted(p.name for p in staging.glob("*-0000?.*") if p.suffix in (".bin", ".idx"))
+    assert len(shards) == 8 and not out.exists()  # train/val x bin/idx x 2 tasks, all kept
+    monkeypatch.setattr(executors, "atomic_write_text", real_write)
+
+    # a finished task's shard lost (val idx) and another's truncated by whole tokens: both tasks run again
+    (staging / "val-00000.idx").unlink()
+    with open(staging / "train-00001.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 20)
+    with pytest.warns(UserWarning, match="shards are damaged"):
+        prepare_in_tasks(inputs, tok, out, tasks=2, workers=1, **settings)
+    assert_same_corpus(single, out)
+    assert not staging.exists()
+
+
+def test_bad_task_counts_are_refused_and_an_earlier_counts_staging_is_removed(
+    capsys, tmp_path, corpus, tiny_world
+):
+    from training_utils import one_error_line
+
+    data = {"sources": [{"name": "c", "text": [str(corpus[2])], "prepared": str(tmp_path / "zero")}]}
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", data=data)  # --tasks 0 used to prepare it in 1 task
+    assert "--tasks must be >= 1" in one_error_line(
+        capsys, "prepare", recipe, "--executor", "local", "--tasks", 0
+    )
+    assert "--workers must be >= 0" in one_error_line(capsys, "prepare", recipe, "--workers", -2)
+
+    tok, settings = tiny_world["tokenizer"], {"val_fraction": 0.2}
+    inputs, broken, good = _fail_task_1(tmp_path, corpus, "in")
+    out = tmp_path / "tasks"
+    with pytest.raises(ValueError, match="invalid UTF-8"):
+        prepare_in_tasks(inputs, tok, out, tasks=2, workers=1, **settings)
+    (two,) = tmp_path.glob(".tasks.tasks-*")
+    broken.write_bytes(good)
+    with pytest.warns(UserWarning, match="an earlier `pretrain prepare --executor` with another --tasks"):
+        prepare_in_tasks(inputs, tok, out, tasks=3, workers=1, **settings)
+    assert not two.exists() and not list(tmp_path.glob(".tasks.*"))
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session ``sid`` (from /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # session id; zombies are gone already
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc")
+def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, tiny_world):
+    """SIGKILL of `pretrain prepare --executor local` while its 2 workers tokenize: within seconds no process of
+    it is left (datatrove's workers, its fork server and manager used to run on for minutes)."""
+    import signal
+    import subprocess
+    import time
+
+    from training_utils import cli_command, cli_env
+
+    big = tmp_path / "big.txt"
+    big.write_text(CORPUS.read_text() * 6)
+    data = {
+        "sources": [{"name": "big", "text": [str(big)], "prepared": str(tmp_path / "p"), "document": "line"}]
+    }
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", data=data)
+    launcher = subprocess.Popen(
+        cli_command("prepare", str(recipe), "--executor", "local", "--tasks", "2", "--workers", "2"),
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    left: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not list(tmp_path.glob(".p.tasks-*/partial-*")):  # the workers are writing their shards
+            assert launcher.poll() is None and time.monotonic() < deadline, "the tasks never started"
+            time.sleep(0.2)
+        assert len(_session(launcher.pid)) >= 3  # launcher, workers, fork server, ...
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while (left := _session(launcher.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"{len(left)} processes of the killed launcher still run after 10 s"
+    finally:
+        for pid in _session(launcher.pid):
+            os.kill(pid, signal.SIGKILL)

@@ -190,6 +190,45 @@ class Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class DocumentEcho(NoisyCausal):
+    """``NoisyCausal`` that also returns the document ids it was given."""
+
+    document_mask = True
+
+    def __call__(self, tokens, generators, document_ids=None):
+        return {**super().__call__(tokens, generators), "document_ids": document_ids}
+
+
+def test_document_ids_come_with_the_sample_and_resume_exactly(prepared, tmp_path):
+    """With ``document_mask`` every sample carries its tokens' documents (the 7 documents of the prepared train
+    split), and a resumed datamodule gives the same ids: they are a function of the sample, not of the loader."""
+    (prepared / "meta.json").write_text(json.dumps({"document_lengths": "index"}))
+    lengths = [len(d) for d in np.array_split(np.arange(96 * (SEQ_LEN + 1) + 5), 7)]
+    document_of_token = np.repeat(np.arange(7), lengths)
+
+    def make():
+        return PretrainDataModule(
+            prepared, DocumentEcho(), seq_len=SEQ_LEN, micro_batch_size=4, document_mask=True
+        )
+
+    reference = read(make(), 30)
+    for batch in reference:
+        for row, documents in zip(batch["input_ids"], batch["document_ids"], strict=True):
+            expected = document_of_token[int(row[0]) : int(row[0]) + SEQ_LEN + 1]
+            assert documents.tolist() == (expected - expected[0]).tolist()
+    assert any(bool(b["document_ids"].any()) for b in reference)
+    interrupted = make()
+    assert_same(read(interrupted, 11), reference[:11])
+    fresh = make()
+    fresh.load_state_dict(interrupted.state_dict())
+    assert_same(read(fresh, 19), reference[11:])
+    (prepared / "meta.json").write_text("{}")
+    with pytest.raises(
+        ValueError, match="records none .* rerun `pretrain prepare`, or set data.document_mask=false"
+    ):
+        make()
+
+
 def fit(dm, max_steps, root, ckpt_path=None, every=None, save_end=None) -> list[dict]:
     """Batches the training steps received; ``save_end``: where to save the state after the fit."""
     callbacks = (
@@ -280,9 +319,7 @@ def test_tokenizer_must_match_the_prepared_data(prepared):
 
 def test_empty_validation_split_suggests_val_batches_0(tmp_path):
     root = make_prepared(tmp_path / "noval", 20 * 8, n_val_tokens=3)
-    with pytest.raises(
-        ValueError, match="trainer.limit_val_batches=0 in a recipe -- to train without validation"
-    ):
+    with pytest.raises(ValueError, match="set trainer.limit_val_batches=0 to train without validation"):
         datamodule(root)
     assert len(read(datamodule(root, val_batches=0), 2)) == 2
 

@@ -69,16 +69,21 @@ def test_ul2_and_prefix_lm_recipes_train(shakespeare, tmp_path, recipe):
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
-def readme_fit_examples() -> list[list[str]]:
-    """Every ``pretrain fit recipes/... strategy.name=...`` example of README.md and recipes/README.md (inline
-    code or code blocks), as argument lists."""
+def readme_fit_examples(pattern: str = r"recipes/[^`\n]*strategy\.name=[^`\n]*") -> list[list[str]]:
+    """Every ``pretrain fit <pattern>`` example (by default ``recipes/... strategy.name=...``) of README.md,
+    recipes/README.md and the docs/ pages (inline code or code blocks), as argument lists."""
     import re
     import shlex
 
     commands = []
-    for readme in (REPO_ROOT / "README.md", REPO_ROOT / "recipes" / "README.md"):
-        for match in re.finditer(r"pretrain fit (recipes/[^`\n]*strategy\.name=[^`\n]*)", readme.read_text()):
-            args = shlex.split(match.group(1).split("#")[0])
+    pages = [
+        REPO_ROOT / "README.md",
+        REPO_ROOT / "recipes" / "README.md",
+        *sorted((REPO_ROOT / "docs").glob("*.md")),
+    ]
+    for readme in pages:
+        for match in re.finditer(rf"pretrain fit +({pattern})", readme.read_text()):
+            args = shlex.split(match.group(1).split("#")[0].rstrip("\\"))
             if args not in commands:
                 commands.append(args)
     return commands
@@ -86,6 +91,17 @@ def readme_fit_examples() -> list[list[str]]:
 
 EXAMPLES = readme_fit_examples()
 CPU_EXAMPLES = [args for args in EXAMPLES if args[0].endswith("-tiny.yaml")]
+
+
+def test_every_documented_fit_command_composes():
+    """Every ``pretrain fit recipes/...`` line of the README and docs (GPU and shared-data runs included, which
+    cannot run here) composes as written: its recipe exists and its overrides name real keys with valid values."""
+    from pretrain import config
+
+    documented = readme_fit_examples(r"recipes/[^`\n]*")
+    assert len(documented) >= 15, documented
+    for recipe, *overrides in documented:
+        config.load(REPO_ROOT / recipe, [o for o in overrides if not o.startswith("--")])
 
 
 def test_readme_strategy_examples_compose_and_build_their_strategy():
@@ -110,3 +126,22 @@ def test_readme_cpu_strategy_examples_run_as_written(shakespeare, tmp_path):
     for i, run in enumerate(runs):
         run.wait(timeout=900)
         assert sorted(metric_by_step(read_metrics(tmp_path / str(i)), "train/loss")) == [0, 1]
+
+
+def test_modernbert_base_recipe_has_the_published_size():
+    """recipes/modernbert-base.yaml builds (on the meta device) with ModernBERT-base's parameter count: exactly
+    transformers' ModernBertForMaskedLM(ModernBertConfig()) (whose defaults are ModernBERT-base), and within 1 %
+    of the published 149M."""
+    import torch
+    import transformers
+
+    from pretrain.config.run import load
+    from pretrain.models.transformer import Transformer
+
+    run, _ = load(REPO_ROOT / "recipes" / "modernbert-base.yaml")
+    assert run.objective.options["mlm_probability"] == 0.3 and run.data.seq_len == 1024
+    with torch.device("meta"):
+        ours = Transformer(run.model).num_params()
+        reference = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig())
+    assert ours == sum(p.numel() for p in reference.parameters())
+    assert abs(ours / 149e6 - 1) < 0.01

@@ -4,6 +4,7 @@ a truncated newest checkpoint falls back to the previous one; the W&B run keeps 
 from __future__ import annotations
 
 import copy
+import json
 import random
 import signal
 
@@ -67,6 +68,8 @@ def check_wandb(run_dir, killed_at: int) -> None:
     ]
     steps = sorted(int(h["trainer/global_step"]) for h in logged if "train/loss" in h)
     assert steps and steps[0] >= killed_at and steps[-1] == MAX_STEPS - 1  # the second launch continues
+    # on the run's step axis: W&B's own step is the trainer's (before: W&B counted the second launch from 0)
+    assert all(int(h["_step"]) == int(h["trainer/global_step"]) for h in logged if "trainer/global_step" in h)
     assert any("val/loss" in h for h in logged)
 
 
@@ -104,6 +107,52 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
     assert resumed == {s: full_loss[s] for s in resumed}
     if wandb:
         check_wandb(tmp_path / "killed" / "run", step)
+
+
+def wandb_history(run_file) -> dict[int, dict]:
+    """``{W&B step: row}`` of an offline run file (rows of one step merged, as W&B merges them)."""
+    rows: dict[int, dict] = {}
+    for record in wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            items = {(i.key or "/".join(i.nested_key)): i.value_json for i in record.history.item}
+            rows.setdefault(int(items["_step"]), {}).update(items)
+    return rows
+
+
+def test_wandb_continues_the_runs_step_axis_and_never_logs_a_step_twice(tmp_path, tiny_world):
+    """Three launches of one W&B run (offline): 4 steps; a resume from the step-2 checkpoint, whose later steps
+    the run holds already (W&B cannot rewind: they go to the CSV only, and a warning says so); 2 steps more."""
+    from pretrain.cli import main
+
+    recipe = resume_recipe(
+        tmp_path / "run",
+        tiny_world,
+        "gpt",
+        trainer={"max_steps": 4, "val_check_interval": 2},
+        optim={"decay_steps": 6},
+        checkpoint={"every_n_steps": 100, "save_top_k": -1},  # every validation's: after 2 and 4 updates
+        logger={"wandb": {"enabled": True}},
+    )
+    run_dir = tmp_path / "run" / "run"
+    assert main(["fit", str(recipe)]) == 0
+    (older,) = (run_dir / "checkpoints").glob("best-step2-*.ckpt")
+    with pytest.warns(
+        UserWarning, match=r"holds steps up to 3 .*steps 2-3 of this launch are logged to the other"
+    ):
+        assert main(["fit", str(recipe), f"resume={older}"]) == 0
+    assert main(["fit", str(recipe), "trainer.max_steps=6"]) == 0
+    files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 3 and len({f.name for f in files}) == 1  # one run id
+    histories = [wandb_history(f) for f in files]
+    print(histories)
+    trained = [sorted(s for s, row in h.items() if "train/loss" in row) for h in histories]
+    # before: each launch's history from W&B step 0 ([0, 1, 2, 3], [0, 1], [0, 1]) and steps 2-3 sent twice
+    assert trained == [[0, 1, 2, 3], [], [4, 5]]
+    assert all(int(row["trainer/global_step"]) == s for h in histories for s, row in h.items())
+    validated = [int(row["step"]) for row in read_metrics(run_dir) if row.get("val/loss")]
+    assert validated == [1, 3, 3, 5]  # the CSV has every launch's
+    csv = metric_by_step(read_metrics(run_dir, newest_only=True), "train/loss")
+    assert sorted(csv) == [4, 5] and csv[5] == pytest.approx(json.loads(histories[2][5]["train/loss"]))
 
 
 def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_path, tiny_world):

@@ -22,9 +22,10 @@ from training_utils import REPO_ROOT, metric_by_step, read_metrics, run_ranks, t
 from pretrain import config
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Block, Transformer
+from pretrain.parallel.mesh import ParallelDims
 from pretrain.training.checkpoint import AtomicCheckpointIO
 from pretrain.training.lightning_compat import PerModuleSharding
-from pretrain.training.strategies import build_strategy, deepspeed_config, shard_model, shard_units
+from pretrain.training.strategies import build_strategy, deepspeed_config, parallelize, shard_units
 
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
@@ -43,18 +44,24 @@ def test_ddp_strategy():
 
 
 @pytest.mark.parametrize(
-    ("sharding", "hybrid", "state_dict_type"),
-    [("FULL_SHARD", False, "sharded"), ("SHARD_GRAD_OP", False, "full"), ("HYBRID_SHARD", True, "sharded")],
+    ("sharding", "dims", "state_dict_type"),
+    [
+        ("FULL_SHARD", ParallelDims(1, 4, 1), "sharded"),
+        ("SHARD_GRAD_OP", ParallelDims(1, 4, 1), "full"),
+        ("HYBRID_SHARD", ParallelDims(2, 2, 1), "sharded"),
+    ],
 )
-def test_fsdp_strategy(sharding, hybrid, state_dict_type):
+def test_fsdp_strategy(sharding, dims, state_dict_type):
     run, _ = load(
         "strategy.name=fsdp",
         f"strategy.fsdp.sharding_strategy={sharding}",
         f"strategy.fsdp.state_dict_type={state_dict_type}",
+        "trainer.devices=2",
+        "trainer.num_nodes=2",
     )
     strategy = build_strategy(run)
-    assert isinstance(strategy, PerModuleSharding) and strategy.hybrid is hybrid
-    assert strategy.parallelize.func is shard_model
+    assert isinstance(strategy, PerModuleSharding) and strategy.dims == dims
+    assert strategy.parallelize.func is parallelize
     assert strategy.parallelize.keywords["reshard_after_forward"] is (sharding != "SHARD_GRAD_OP")
     assert strategy._save_distributed_checkpoint is (state_dict_type == "sharded")
     assert isinstance(strategy.checkpoint_io, AtomicCheckpointIO)

@@ -6,11 +6,12 @@ host read in a user callback stops the run, naming the op and its file:line."""
 from __future__ import annotations
 
 import inspect
+import random
 import subprocess
 
 import pytest
 from lightning.pytorch.callbacks import Callback
-from training_utils import REPO_ROOT, cli_command, cli_env, tiny_recipe
+from training_utils import REPO_ROOT, TINY_MODEL, cli_command, cli_env, tiny_recipe
 
 from pretrain import config
 from pretrain.training.host_sync import HostSyncError, SyncCheck
@@ -40,8 +41,8 @@ def recipe(tmp_path, world, objective: str, **trainer):
     )
 
 
-def fit(path, callbacks=()) -> SyncCheck:
-    run, resolved = config.load(path)
+def fit(path, callbacks=(), overrides=()) -> SyncCheck:
+    run, resolved = config.load(path, list(overrides))
     parts = prepare_run(run, resolved)
     trainer = build_trainer(run, resolved, callbacks=list(callbacks))
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
@@ -51,6 +52,56 @@ def fit(path, callbacks=()) -> SyncCheck:
 @pytest.mark.parametrize("objective", sorted(OBJECTIVES))
 def test_steps_that_do_not_log_read_nothing_from_the_device(tmp_path, tiny_world, objective):
     check = fit(recipe(tmp_path, tiny_world, objective))
+    assert check.checked_steps == 3 and not check.counts
+
+
+def test_muon_steps_read_nothing_from_the_device(tmp_path, tiny_world):
+    """Muon's non-finite verdict is a select on the device (before: the guard read it on the host every step)."""
+    path = recipe(tmp_path, tiny_world, "clm")
+    check = fit(path, overrides=["optim.name=muon"])
+    assert check.checked_steps == 3 and not check.counts
+
+
+@pytest.fixture(scope="module")
+def finetune_files(tmp_path_factory):
+    from pretrain.datamodules.tokenizer import train_bpe
+
+    root = tmp_path_factory.mktemp("finetune_sync")
+    rng, words = random.Random(0), ["the", "film", "plot", "was", "good", "bad", "quite", "really"]
+    rows = "".join(f"{' '.join(rng.sample(words, 4))}\t{rng.randint(0, 1)}\n" for _ in range(64))
+    (root / "train.tsv").write_text("sentence\tlabel\n" + rows)
+    (root / "corpus.txt").write_text(" ".join(words) * 30)
+    train_bpe(root / "corpus.txt", 400, root / "tokenizer.json", show_progress=False)
+    return root
+
+
+@pytest.mark.parametrize("kind", ["bert", "t5"])
+def test_finetuning_steps_read_nothing_from_the_device(tmp_path, finetune_files, kind):
+    """A head on BERT (with the guards' device-side skip: finetuning's AdamW is fused now) and T5 text-to-text;
+    before: the backbone's input check and the training predictions' boolean mask read the device each step."""
+    from pretrain.finetuning.config import validate
+    from pretrain.finetuning.run import build_parts
+
+    model = {"vocab_size": 448, "d_model": 32, "n_head": 2, "d_ff": 64, "max_seq_len": 32, **TINY_MODEL[kind]}
+    cfg = validate(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "init": {"model": model | {"n_layer": 2}, "tokenizer": str(finetune_files / "tokenizer.json")},
+            "head": {"kind": "text2text" if kind == "t5" else "sequence"},
+            "data": {
+                "task": "sst2",
+                "train_file": str(finetune_files / "train.tsv"),
+                "micro_batch_size": 8,
+                "max_length": 16,
+            },
+            "trainer": {**TRAINER, "accelerator": "cpu", "sync_check": "error", "progress_bar": False},
+            "checkpoint": {"every_n_steps": 2},
+        }
+    )
+    parts = build_parts(cfg)
+    trainer = build_trainer(cfg, {})
+    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    check = next(cb for cb in trainer.callbacks if isinstance(cb, SyncCheck))
     assert check.checked_steps == 3 and not check.counts
 
 

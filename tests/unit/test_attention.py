@@ -29,6 +29,7 @@ SPARSE = {
     "window": {"attention_window": 7},
     "global": {"attention_global_tokens": 3, "attention_window": 5},
     "random": {"attention_random_blocks": 1, "attention_window": 4},
+    "local_layers": {"global_attn_every_n_layers": 2, "local_attention_window": 5},  # ModernBERT / Gemma 2
 }
 KINDS = ["plain", "padding", "documents", "prefix", *SPARSE]
 

@@ -199,3 +199,41 @@ def test_memory_mapped_corpus_pickles_as_its_location(tmp_path):
     np.testing.assert_array_equal(again[7], np.arange(70, 80))
     plain = PackedDataset(np.arange(100), 10)
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(plain))[3], np.arange(30, 40))
+
+
+@FAST
+@given(
+    shards=st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=6), min_size=1, max_size=3),
+    length=st.integers(1, 25),
+)
+def test_sample_document_ids_are_the_documents_of_the_index(tmp_path_factory, shards, length):
+    """Document ids of every sample, read from shards' Megatron indices (memory-mapped, pickled as locations):
+    0 at the sample's start, +1 exactly where the stream's next document starts (a shard starts one)."""
+    import pickle
+
+    from shards import write_shard
+
+    from pretrain.datamodules.dataset import DocumentStarts
+    from pretrain.datamodules.indexed import IndexedDataset
+
+    root = tmp_path_factory.mktemp("shards")
+    stream_docs = []
+    for k, lengths in enumerate(shards):
+        write_shard(root / f"s{k}", [np.full(n, 7) for n in lengths], np.uint16)
+        for n in lengths:
+            stream_docs.append(np.full(n, len(stream_docs)))
+    stream = np.concatenate(stream_docs)  # each token's document in the whole stream
+    if len(stream) < length:
+        return
+    prefixes = [root / f"s{k}" for k in range(len(shards))]
+    ds = PackedDataset(
+        [IndexedDataset(p).tokens for p in prefixes], length, documents=[DocumentStarts(p) for p in prefixes]
+    )
+    again = pickle.loads(pickle.dumps(ds))
+    for i in range(len(ds)):
+        expected = stream[i * length : (i + 1) * length]
+        for data in (ds, again):
+            tokens, documents = data.sample(i)
+            np.testing.assert_array_equal(documents, expected - expected[0])
+            np.testing.assert_array_equal(tokens, data[i])
+    assert PackedDataset(np.arange(length), length).sample(0)[1] is None

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from pretrain import errors
 from pretrain.cli import main
@@ -36,7 +37,7 @@ def failing_validate(monkeypatch):
         ),
         (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8 GB"), "out of memory"),
         (OSError(errno.ENOSPC, "No space left on device", "runs/x/last.ckpt"), "free space there"),
-        (PermissionError(errno.EACCES, "Permission denied", "/ro/x"), "choose a path you may write"),
+        (PermissionError(errno.EACCES, "Permission denied", "/ro/x"), "choose a path you may read and write"),
         (
             RuntimeError(
                 "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:2"
@@ -44,6 +45,14 @@ def failing_validate(monkeypatch):
             "another rank of this run died",
         ),
         (IsADirectoryError(errno.EISDIR, "Is a directory", "runs/x"), "Is a directory"),
+        (OSError(errno.EMFILE, "Too many open files"), "raise the open-file limit (ulimit -n)"),
+        (OSError(errno.EROFS, "Read-only file system", "/ro/x"), "the file system is read-only"),
+        (
+            MisconfigurationException(
+                "`Trainer(devices=3)` value is not a valid input using cpu accelerator."
+            ),
+            "Lightning's check of the trainer settings: see trainer.accelerator, trainer.devices",
+        ),
     ],
 )
 def test_known_failures_are_one_line_with_the_fix(capsys, failing_validate, exc, expected):
@@ -61,9 +70,14 @@ def test_debug_shows_the_traceback_and_a_bug_keeps_it(failing_validate, monkeypa
     with pytest.raises(torch.OutOfMemoryError):
         main(["validate", "recipe.yaml"])
     monkeypatch.delenv("PRETRAIN_DEBUG")
-    failing_validate(KeyError("a bug"))
-    with pytest.raises(KeyError):
-        main(["validate", "recipe.yaml"])
+    for bug in (
+        KeyError("a bug"),
+        ValueError("a bug of ours, not bad input"),
+    ):  # only InputError is bad input
+        failing_validate(bug)
+        with pytest.raises(type(bug)) as raised:
+            main(["validate", "recipe.yaml"])
+        assert "this is a bug in pretrain" in raised.value.__notes__[-1]
 
 
 def test_a_dead_rank_is_named_with_how_to_resume():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -148,6 +149,36 @@ def test_results_do_not_depend_on_batch_size_or_padding_side(kind, dtype, tol, t
     for result in runs.values():
         for (ll, greedy), (ref_ll, ref_greedy) in zip(result, reference):
             assert abs(ll - ref_ll) <= tol and greedy == ref_greedy
+
+
+def counted(*args, inner, seen: list[int]):
+    """``inner(*args)``, recording the positions it computes (a seq2seq call's decoder ids included)."""
+    decoder = {4: 2, 6: 3}.get(
+        len(args)
+    )  # logits_fn (enc, mask, dec, mask); packed_logits_fn (enc, docs, pos, dec...)
+    seen.append(args[0].numel() + (args[decoder].numel() if decoder is not None else 0))
+    return inner(*args)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama", "t5"])
+def test_unpadded_scoring_equals_padded_and_computes_fewer_positions(kind, tokenizer, corpus):
+    """Requests packed into rows without padding (the default) score as the padded batches do, to 1e-6 in
+    float32, computing fewer positions (lm-eval's longest-first order already keeps a batch's padding small)."""
+    model = tiny(kind)
+    pairs = random_pairs(corpus, 40, seed=3, max_context=120)
+    positions: dict[bool, list[int]] = {}
+    results = {}
+    for unpadded in (False, True):
+        scorer = scorer_from_model(model, tokenizer, batch_size=8, unpadded=unpadded)
+        seen = positions.setdefault(unpadded, [])
+        for name in ("logits_fn", "packed_logits_fn"):
+            if getattr(scorer, name) is not None:
+                setattr(scorer, name, functools.partial(counted, inner=getattr(scorer, name), seen=seen))
+        results[unpadded] = scorer.loglikelihood(pairs)
+        assert len(seen) == scorer.forward_count(scorer.encode_requests(pairs))
+    for (ll, greedy), (ref_ll, ref_greedy) in zip(results[True], results[False], strict=True):
+        assert abs(ll - ref_ll) <= 1e-6 and greedy == ref_greedy
+    assert sum(positions[True]) < sum(positions[False])
 
 
 def test_too_long_continuation_and_fused_continuation_are_rejected(tokenizer):

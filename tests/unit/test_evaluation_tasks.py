@@ -54,8 +54,12 @@ def test_task_file_interpolates_data_root(tmp_path):
     task = load_task(task_file, data_root="/data", overrides={"num_fewshot": 5})
     assert task.path == "/data/icl/x.jsonl" and task.num_fewshot == 5
     assert (task.target_delimiter, task.fewshot_delimiter) == (" ", "\n\n")
-    with pytest.raises(ValueError, match=r"t\.yaml.*data_root.*--data-root"):
+    with pytest.raises(ValueError, match=r"t\.yaml.*data_root"):
         load_task(task_file)
+    from pretrain.evaluation.config import EvalConfig, load_tasks  # the verb's own setting is named
+
+    with pytest.raises(ValueError, match=r"t\.yaml.*data_root.*set --data-root"):
+        load_tasks(EvalConfig(tasks=[str(task_file)], data_root=None))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from model_zoo import SCORING_ARCHS
+from training_utils import TINY_MODEL
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.heads import TaskModel
@@ -89,11 +90,13 @@ def test_exported_sequence_classifier_gives_our_logits(name, num_labels):
     [
         ("bert", {"pooling": "first"}, "BertForSequenceClassification classifies BERT's pooler output"),
         ("t5", {}, "T5ForSequenceClassification classifies the decoder's state"),
+        ("modernbert", {"pooling": "first"}, "ModernBertForSequenceClassification runs its prediction head"),
     ],
 )
 def test_heads_transformers_cannot_represent_are_refused_in_one_line(name, kwargs, message):
-    if name == "t5":
-        backbone = Transformer(ModelConfig(**TINY | SCORING_ARCHS["t5"]))
+    if name in ("t5", "modernbert"):
+        arch = SCORING_ARCHS["t5"] if name == "t5" else TINY_MODEL["modernbert"]
+        backbone = Transformer(ModelConfig(**TINY | arch))
         model = TaskModel(backbone, "sequence", 2, **kwargs)
     else:
         model = task_model(name, 2, **kwargs)

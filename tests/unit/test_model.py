@@ -115,7 +115,7 @@ def test_encoder_without_positions_is_permutation_equivariant():
     assert not torch.allclose(run(with_positions, x)[:, perm], run(with_positions, x[:, perm]))
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama", "sinusoidal", "t5"])
+@pytest.mark.parametrize("name", ["gpt", "llama", "sinusoidal", "t5", "local_decoder"])
 def test_kv_cache_matches_full_forward(name):
     model, x = tiny(name), ids(2, 9)
     source = ids(2, 7, seed=5)
@@ -175,7 +175,7 @@ def _packed_vs_separate(model: Transformer, lengths: list[int]) -> None:
             start += n
 
 
-@pytest.mark.parametrize("name", ["gpt", "sinusoidal", "bert", "t5"])
+@pytest.mark.parametrize("name", ["gpt", "sinusoidal", "bert", "t5", "modernbert", "local_decoder"])
 def test_document_mask_equals_separate_forwards(name):
     _packed_vs_separate(tiny(name), [3, 6, 1, 4])
 
@@ -188,6 +188,22 @@ _ROPE = {}
 def test_document_mask_property_rope(lengths):
     model = _ROPE.setdefault("model", tiny("llama"))
     _packed_vs_separate(model, lengths)
+
+
+@pytest.mark.parametrize("name", ["modernbert", "local_decoder"])
+def test_local_layers_see_their_window_only(name):
+    """With layer 0 global and layer 1 local (window 3), the last position's output after layer 1 depends on
+    distant tokens only through layer 0: cut layer 0 (identity blocks) and a distant token changes nothing, a near
+    one does; the first block of a pre-norm stack after a normed embedding has no attention norm (ModernBERT)."""
+    model, x = tiny(name, n_layer=2), ids(1, 12)
+    assert model.config.local_layer(1) and not model.config.local_layer(0)
+    stack = model.encoder if name == "modernbert" else model.decoder
+    assert isinstance(stack.blocks[0].norm1, torch.nn.Identity) == (name == "modernbert")
+    stack.blocks[0].forward = lambda x, *args: x
+    far, near = x.clone(), x.clone()
+    far[0, 2], near[0, 9] = (x[0, 2] + 1) % V, (x[0, 9] + 1) % V
+    base, last = run(model, x)[0, -1], lambda y: run(model, y)[0, -1]
+    assert torch.equal(last(far), base) and not torch.allclose(last(near), base)
 
 
 def test_prefix_lm_mask():
@@ -316,13 +332,13 @@ def test_head_at_target_positions_equals_all_positions(name):
 def test_init_schemes():
     gpt = tiny("gpt", d_model=256, n_head=4, n_layer=8, d_ff=512)
     block = gpt.decoder.blocks[0]
-    assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert block.attn.q.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert block.mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
-    assert block.attn.qkv.bias.abs().max() == 0 and block.norm1.weight.eq(1).all()
+    assert block.attn.v.bias.abs().max() == 0 and block.norm1.weight.eq(1).all()
     t5 = tiny("t5", d_model=256, n_head=4, d_ff=512, tie_embeddings=False)
     attn, d, dh = t5.encoder.blocks[0].attn, 256, 64
-    assert attn.qkv.weight[:256].std().item() == pytest.approx((d * dh) ** -0.5, rel=0.05)
-    assert attn.qkv.weight[256:].std().item() == pytest.approx(d**-0.5, rel=0.05)
+    assert attn.q.weight.std().item() == pytest.approx((d * dh) ** -0.5, rel=0.05)
+    assert attn.k.weight.std().item() == pytest.approx(d**-0.5, rel=0.05)
     assert t5.encoder.blocks[0].mlp.proj.weight.std().item() == pytest.approx(512**-0.5, rel=0.05)
     assert t5.embed.tok.weight.std().item() == pytest.approx(1.0, rel=0.05)
     assert t5.lm_head.weight.std().item() == pytest.approx(1.0, rel=0.05)
@@ -349,3 +365,26 @@ def test_sinusoid_table_formula():
     p, i = 37, 3
     assert table[p, 2 * i].item() == pytest.approx(math.sin(p / 10000 ** (2 * i / 16)), abs=1e-5)
     assert table[p, 2 * i + 1].item() == pytest.approx(math.cos(p / 10000 ** (2 * i / 16)), abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "t5"])
+def test_state_dicts_with_fused_projections_load(name):
+    """A state dict of the earlier layout (fused ``attn.qkv`` = [q; k; v], ``cross_attn.kv`` = [k; v], a GLU's
+    ``mlp.fc`` = [gate; fc]) loads into today's separate projections and computes the same logits."""
+    model = tiny(name)
+    state = model.state_dict()
+    fused = {}
+    for key, tensor in state.items():
+        module, _, leaf = key.rpartition(".")
+        owner, _, part = module.rpartition(".")
+        groups = {"attn": {"q": "qkv", "k": "qkv", "v": "qkv"}, "cross_attn": {"k": "kv", "v": "kv"}}
+        groups["mlp"] = {"gate": "fc", "fc": "fc"} if model.config.gated else {}
+        target = groups.get(owner.rpartition(".")[2], {}).get(part)
+        name_ = f"{owner}.{target}.{leaf}" if target else key
+        fused.setdefault(name_, []).append(tensor)
+    fused = {k: torch.cat(v) for k, v in fused.items()}
+    assert any(".attn.qkv." in k for k in fused) and not any(".attn.q." in k for k in fused)
+    fresh = tiny(name, init_std=0.5)
+    fresh.load_state_dict(fused)
+    x = ids(2, 7)
+    torch.testing.assert_close(run(fresh, x), run(model, x), rtol=0, atol=0)

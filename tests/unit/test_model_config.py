@@ -49,6 +49,29 @@ def test_plain_dict_and_omegaconf_round_trip():
         ({"logit_scale": 0.0}, "logit_scale", "> 0"),
         ({"pooler": True}, "pooler", "encoder"),
         ({"lm_head": False}, "lm_head", "encoder"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling", "position=rope"),
+        ({"position": "rope", "rope_scaling": {"type": "ntk", "factor": 2.0}}, "rope_scaling.type", "yarn"),
+        ({"position": "rope", "rope_scaling": {"type": "yarn"}}, "rope_scaling.factor", "required"),
+        (
+            {"position": "rope", "rope_scaling": {"type": "linear", "factor": 0.5}},
+            "rope_scaling.factor",
+            ">= 1",
+        ),
+        (
+            {"position": "rope", "rope_scaling": {"type": "llama3", "factor": 8.0}},
+            "rope_scaling.low_freq_factor",
+            "required",
+        ),
+        (
+            {"position": "rope", "rope_scaling": {"type": "linear", "factor": 2.0, "beta_fast": 8.0}},
+            "rope_scaling.beta_fast",
+            "not used by type 'linear'",
+        ),
+        (
+            {"position": "rope", "rope_scaling": {"type": "yarn", "factr": 2.0}},
+            "rope_scaling",
+            "unknown keys",
+        ),
     ],
 )
 def test_bad_option_names_field(overrides, field, allowed):
@@ -56,6 +79,20 @@ def test_bad_option_names_field(overrides, field, allowed):
         ModelConfig(**overrides)
     assert allowed in str(err.value)
     assert "ModelConfig." in str(err.value)
+
+
+def test_rope_scaling_section_resolves_and_round_trips():
+    c = ModelConfig(position="rope", max_seq_len=256, rope_scaling={"type": "yarn", "factor": 8.0})
+    assert c.rope_scaling.original_max_seq_len == 256  # the context it was trained at, by default
+    assert ModelConfig(**dataclasses.asdict(c)) == c
+    node = OmegaConf.merge(
+        OmegaConf.structured(ModelConfig),
+        {
+            "position": "rope",
+            "rope_scaling": {"type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4},
+        },
+    )
+    assert OmegaConf.to_object(node).rope_scaling.high_freq_factor == 4.0
 
 
 def test_properties():

@@ -98,10 +98,9 @@ def test_required_tokens_are_declared():
 def test_special_token_overrides_map_roles():
     gpt2_like = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<|endoftext|>": 2}, unk_token="a"))
     with pytest.raises(ValueError, match="no eos token '</s>'"):
-        objectives.build("clm", gpt2_like, document_masking=True)
-    obj = objectives.build("clm", gpt2_like, document_masking=True, special_tokens={"eos": "<|endoftext|>"})
-    out = obj(torch.tensor([[0, 1, 2, 0, 1]]), torch.Generator())
-    assert out["document_ids"].tolist() == [[0, 0, 1, 1]]
+        objectives.build("span_corruption", gpt2_like)
+    with pytest.raises(ValueError, match="no pad token"):  # eos found under its override; pad is next
+        objectives.build("span_corruption", gpt2_like, special_tokens={"eos": "<|endoftext|>"})
 
 
 def test_row_generators_needs_one_per_row():

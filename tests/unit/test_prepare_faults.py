@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from filelock import FileLock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from training_utils import CORPUS, one_error_line, tiny_recipe
 
 from pretrain.cli import main
 from pretrain.datamodules.prepare import Encoder, prepare, split_pieces
-from pretrain.datamodules.tokenizer import load_tokenizer
+from pretrain.datamodules.storage import exclusive
+from pretrain.datamodules.tokenizer import TextEncoder, load_tokenizer
 
 
 def source_recipe(tmp_path, world, *sources, **sections):
@@ -73,9 +74,10 @@ def test_a_second_prepare_into_the_same_directory_is_refused(capsys, tmp_path, t
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS.read_text()[:5_000])
     recipe = source_recipe(tmp_path, tiny_world, {"text": [str(corpus)], "prepared": str(tmp_path / "p")})
-    with FileLock(tmp_path / ".p.lock"):  # what a concurrent `pretrain prepare` holds while it writes
+    with exclusive(tmp_path / "p", "`pretrain prepare`"):  # what a concurrent `pretrain prepare` holds
         line = one_error_line(capsys, "prepare", recipe)
-    assert "another `pretrain prepare` is writing" in line and not (tmp_path / "p").exists()
+    assert f"another `pretrain prepare` (pid {os.getpid()} on host" in line and "is writing" in line
+    assert not (tmp_path / "p").exists()
     assert main(["prepare", str(recipe)]) == 0
 
 
@@ -100,7 +102,7 @@ def test_long_documents_encode_in_pieces_to_the_same_ids(text, piece_chars):
     tokenizer = _tok()
     pieces = split_pieces(text, piece_chars)
     assert "".join(pieces) == text
-    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    whole = TextEncoder(tokenizer).encode(text)  # the whole document, special-token text as text
     assert np.asarray(Encoder(tokenizer, piece_chars)([text])[0]).tolist() == whole
 
 

@@ -83,7 +83,7 @@ def test_unknown_key_names_path_and_closest_keys():
         ("optim.schedule=cosin", r"'cosin' is not one of .*did you mean 'cosine'"),
         ("strategy.name=horovod", r"strategy.name: 'horovod' is not one of"),
         ("trainer.precision=64", r"trainer.precision: '64' is not one of"),
-        ("model.arch=rnn", r"ModelConfig.arch must be one of"),
+        ("model.arch=rnn", r"model.arch must be one of"),
         ("data.seq_len=4096", r"data.seq_len=4096 exceeds model.max_seq_len=256"),
         ("trainer.max_steps", r"not of the form key=value"),
         ("trainer.gc_every_n_steps=-1", r"trainer.gc_every_n_steps must be >= 0 \(0 or null: Python's"),

@@ -100,7 +100,7 @@ def two_sources(tmp_path_factory):
 SCHEDULE = MixtureSchedule([0, 3, 6], [[0.9, 0.1], [0.5, 0.5], [0.0, 1.0]], "linear")
 
 
-def datamodules(dirs, world: int, **kw) -> list[PretrainDataModule]:
+def datamodules(dirs, world: int, schedule=SCHEDULE, **kw) -> list[PretrainDataModule]:
     out = []
     for rank in range(world):
         dm = PretrainDataModule(
@@ -110,7 +110,7 @@ def datamodules(dirs, world: int, **kw) -> list[PretrainDataModule]:
             micro_batch_size=2,
             rank=rank,
             world_size=world,
-            schedule=SCHEDULE,
+            schedule=schedule,
             names=["web", "books"],
             **kw,
         )
@@ -161,6 +161,37 @@ def test_tokens_per_source_count_what_was_read(two_sources):
     }
 
 
+def test_a_resume_with_another_schedule_keeps_the_steps_before_it(two_sources):
+    """``resume_allow=[data_schedule]``: the checkpoint's schedule for the steps before it (also when the new one
+    moved a phase that lies before it), the new one after; no sample read twice or skipped."""
+    stop, steps = 4, 9
+    (before,) = datamodules(two_sources, 1)
+    first = read_steps([before], stop)
+    edited = MixtureSchedule([0, 2], [[0.9, 0.1], [0.2, 0.8]], "constant")  # the old one moved to step 2
+    (resumed,) = datamodules(two_sources, 1, edited)
+    resumed.load_state_dict(before.state_dict())
+    rest = read_steps([resumed], steps - stop)
+    g = 2  # samples per step
+    assert [resumed.train_set.locate(i) for i in range(stop * g)] == [
+        before.train_set.locate(i) for i in range(stop * g)
+    ]
+    first_token = torch.cat([step[0] for step in first + rest])[:, 0]
+    source, sample = first_token // BASE, first_token % BASE // L
+    for d in (0, 1):  # each source's draws: the first n of its (seeded) order, once each
+        mine = sample[source == d].tolist()
+        assert mine == resumed.train_set._permutation(d, 0)[: len(mine)].tolist()
+    assert resumed.tokens_per_source() == {
+        "web": int((source == 0).sum()) * L,
+        "books": int((source == 1).sum()) * L,
+    }
+    later = source[stop * g :]
+    assert abs(int((later == 1).sum()) - 0.8 * len(later)) <= 1  # the new weights from the resumed step on
+    assert resumed.state_dict()["schedules"] == [
+        {"first_step": 0, **SCHEDULE.spec()},
+        {"first_step": stop, **edited.spec()},
+    ]
+
+
 RECIPE = "recipes/gpt-tiny.yaml"
 SOURCES = "data.sources=[{name: web, prepared: a}, {name: books, prepared: b}]"
 
@@ -192,3 +223,31 @@ SOURCES = "data.sources=[{name: web, prepared: a}, {name: books, prepared: b}]"
 def test_bad_schedules_are_one_named_error(phases, message):
     with pytest.raises(ValueError, match=message):
         config.load(RECIPE, [SOURCES, f"data.schedule.phases={phases}", "trainer.max_steps=300"])
+
+
+def compared(*overrides: str, allow: tuple[str, ...] = ()) -> list[str]:
+    """``FIT_RESUME`` between a two-source scheduled run and the same run with ``overrides``."""
+    from pretrain.training.setup import FIT_RESUME, compare_for_resume
+
+    phases = "[{start: 0, weights: {web: 1}}, {start: 5, weights: {web: 0.5, books: 0.5}}]"
+    base = [SOURCES, f"data.schedule.phases={phases}", "trainer.max_steps=10"]
+    saved, current = ({"config": config.load(RECIPE, base + list(o))[1]} for o in ((), overrides))
+    return compare_for_resume(FIT_RESUME, saved, current, allow, "last.ckpt")
+
+
+def test_an_edited_mixture_schedule_is_refused_or_applied_from_the_resumed_step():
+    moved = "data.schedule.phases.1.start=3"
+    with pytest.raises(ValueError, match=r"data.schedule.phases\[1\].start: checkpoint 5 vs config 3") as err:
+        compared(moved)
+    assert "resume_allow=[data_schedule]" in str(err.value) and "none is read twice or skipped" in str(
+        err.value
+    )
+    with pytest.warns(UserWarning, match="the new schedule sets the mixture from the checkpoint's step on"):
+        assert compared(moved, allow=("data_schedule",)) == ["data_schedule"]
+    # the stream counts its draws per optimizer step: another step size is refused, allowed or not
+    with pytest.raises(
+        ValueError, match=r"samples per step .*: checkpoint \d+ vs config \d+; .*cannot change"
+    ):
+        compared("data.micro_batch_size=3", allow=("data_schedule",))
+    with pytest.raises(ValueError, match="data.schedule has phases: checkpoint True vs config False"):
+        compared("data.schedule.phases=[]", allow=("data_schedule",))

@@ -13,7 +13,7 @@ from pretrain import config
 from pretrain.training.checkpoint import AtomicCheckpointIO
 from pretrain.training.preemption import LastCheckpoint
 from pretrain.training.throughput import PeakThroughputMonitor
-from pretrain.training.trainer import build_loggers, build_trainer, wandb_mode
+from pretrain.training.trainer import StepWandbLogger, build_loggers, build_trainer, wandb_mode
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
@@ -42,7 +42,8 @@ def test_loggers(tmp_path, monkeypatch):
         f"run_dir={tmp_path}", "logger.tensorboard=true", "logger.wandb.group=g", "logger.wandb.tags=[a,b]"
     )
     loggers = build_loggers(run, resolved, wandb_id="abcd1234")
-    assert [type(x) for x in loggers] == [WandbLogger, CSVLogger, TensorBoardLogger]
+    assert [type(x) for x in loggers] == [StepWandbLogger, CSVLogger, TensorBoardLogger]
+    assert isinstance(loggers[0], WandbLogger)
     import os
 
     assert os.environ["WANDB_MODE"] in ("offline", "dryrun")  # Lightning spells offline "dryrun"

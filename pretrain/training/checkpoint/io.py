@@ -7,18 +7,18 @@ import errno
 import os
 import pickle
 import secrets
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from pretrain.datamodules.storage import STORAGE_ERRNOS, replace_path
+from pretrain.errors import InputError
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
 # A sharded checkpoint is a directory holding METADATA (the Lightning checkpoint without weights and optimizer
@@ -27,6 +27,7 @@ PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
 METADATA = "meta.pt"
 DCP_METADATA = ".metadata"
 DEEPSPEED_LATEST = "latest"
+EMA_KEY = "ema"  # checkpoint["ema"]: parameter name -> the weights' moving average (pretrain.training.ema)
 
 
 class CheckpointWriteError(OSError):
@@ -35,6 +36,28 @@ class CheckpointWriteError(OSError):
     def __init__(self, message: str, errno_: int | None = None):
         super().__init__(message)
         self.errno = errno_
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """``write(f)`` into a temporary sibling of ``path`` (``.<name>.<random>.tmp``), synced, then renamed over
+    ``path`` and the directory synced: a reader sees the old file or the complete new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # created as open() creates files, with the permissions the user's umask gives (mkstemp's are 0600)
+    tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp"))
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -89,26 +112,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @staticmethod
     def _write(checkpoint: dict[str, Any], path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(path, lambda f: torch.save(checkpoint, f))
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
     ) -> dict:
+        """A checkpoint file, or a sharded directory read whole (what DDP and one device restore)."""
+        if Path(path).is_dir():
+            from pretrain.training.checkpoint.convert import full_checkpoint
+
+            return full_checkpoint(path)
         return read(path, map_location=map_location)
 
 
@@ -122,11 +135,11 @@ def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> 
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, pickle.UnpicklingError) as err:
         # torch's own message goes on to advise weights_only=False, which would run the file's code: not shown
         if "unsupported global" in str(err).lower():
-            raise ValueError(
+            raise InputError(
                 f"checkpoint {path} holds objects other than tensors and plain containers, which a weights-only "
                 f"load refuses; it was not written by `pretrain fit` (or was altered) and is not loaded"
             ) from err
-        raise ValueError(f"checkpoint {path} is unreadable (truncated, corrupt or not a checkpoint)") from err
+        raise InputError(f"checkpoint {path} is unreadable (truncated, corrupt or not a checkpoint)") from err
 
 
 @contextmanager
@@ -134,7 +147,7 @@ def atomic_directory(path: str | Path, strategy: Any) -> Iterator[Path]:
     """A temporary sibling directory for every rank of ``strategy`` to write a sharded checkpoint into; once all
     ranks are done, rank 0 puts it in place of ``path`` with :func:`replace_path`."""
     path = Path(strategy.broadcast(str(path)))
-    tmp = path.with_name(f".{path.name}.tmp-{strategy.broadcast(secrets.token_hex(4))}")
+    tmp = path.with_name(f".{path.name}.{strategy.broadcast(secrets.token_hex(4))}.tmp")
     yield tmp
     strategy.barrier()
     if strategy.is_global_zero:
@@ -143,33 +156,58 @@ def atomic_directory(path: str | Path, strategy: Any) -> Iterator[Path]:
 
 
 def remove_partial_saves(checkpoint_dir: str | Path) -> list[Path]:
-    """Delete the temporary files (``.<name>.<random>.tmp``) that writes killed mid-save left behind; the
-    deleted paths. Only one process (rank 0) writes checkpoint files, and not while this runs, so none of
-    them is in use."""
+    """Delete the temporary files and directories (``.<name>.<random>.tmp``) that writes killed mid-save left
+    behind; the deleted paths. Only rank 0 puts checkpoints in place, and no write is in flight while this
+    runs (at the start of a fit, or on a full disk before a synchronous write), so none of them is in use."""
+    import shutil
+
     directory = Path(checkpoint_dir)
-    stale = sorted(p for p in directory.glob(".*.tmp") if p.is_file()) if directory.is_dir() else []
+    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
     for path in stale:
-        path.unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return stale
 
 
 def kind(path: str | Path) -> str:
-    """``"file"``, ``"fsdp"`` (DCP shards) or ``"deepspeed"`` (a ZeRO directory); ``ValueError`` otherwise."""
+    """``"file"``, ``"dcp"`` (a torch.distributed.checkpoint directory: FSDP's, or any written by
+    ``checkpoint.async_save``) or ``"deepspeed"`` (a ZeRO directory); ``ValueError`` otherwise."""
     path = Path(path)
     if path.is_file():
         return "file"
     if (path / DCP_METADATA).is_file():
-        return "fsdp"
+        return "dcp"
     if (path / DEEPSPEED_LATEST).is_file():
         return "deepspeed"
     if path.is_dir():
         inside = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
         example = f" (e.g. {next((p for p in inside if p.name == 'last.ckpt'), inside[0])})" if inside else ""
-        raise ValueError(
+        raise InputError(
             f"{path} is a directory, not a checkpoint: pass a checkpoint file{example} or a sharded FSDP/DeepSpeed "
             f"checkpoint directory"
         )
-    raise ValueError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
+    raise InputError(f"{path} is neither a checkpoint file nor a sharded FSDP/DeepSpeed checkpoint directory")
+
+
+def lightning_state(path: str | Path) -> dict[str, Any]:
+    """The Lightning checkpoint at ``path`` without its weights and optimizer state: a file (memory-mapped), a
+    DCP directory's ``meta.pt``, a DeepSpeed directory's ``meta.pt`` or the client state in its model states."""
+    path = Path(path)
+    if path.is_dir() and not (path / METADATA).is_file() and kind(path) == "deepspeed":
+        tag = path / (path / DEEPSPEED_LATEST).read_text().strip()
+        states = sorted(tag.glob("*model_states.pt"))
+        if not states:
+            raise InputError(f"{path} is not a complete DeepSpeed checkpoint (no *model_states.pt)")
+        return read(states[0], mmap=True)
+    return read(path / METADATA if path.is_dir() else path, mmap=True)
+
+
+def data_position(path: str | Path) -> tuple[int, int]:
+    """``(epoch, samples consumed in it)`` of the training stream a checkpoint stopped at ((0, 0) if it holds no
+    data state: a datamodule saves ``epoch`` and ``consumed_samples``)."""
+    for value in lightning_state(path).values():
+        if isinstance(value, dict) and "consumed_samples" in value and "epoch" in value:
+            return int(value["epoch"]), int(value["consumed_samples"])
+    return 0, 0
 
 
 def payload(path: str | Path) -> dict[str, Any]:
@@ -178,5 +216,5 @@ def payload(path: str | Path) -> dict[str, Any]:
     meta = path / METADATA if path.is_dir() and kind(path) else path
     ckpt = read(meta, mmap=True)
     if PAYLOAD not in ckpt:
-        raise ValueError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
+        raise InputError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
     return ckpt[PAYLOAD]

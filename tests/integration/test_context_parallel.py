@@ -1,0 +1,34 @@
+"""Context parallelism (``pretrain.parallel.context``) equals one process: 2 gloo ranks, each holding half of every
+sequence (load-balanced chunks), give the logits, summed loss and gradients of the whole batch in one process --
+causal GPT (learned positions), Llama-style RoPE at packed-document positions with GQA and a sliding window, the
+prefix LM, BERT (bidirectional, key padding, a global token, segment ids, MLM targets on labelled positions only),
+and T5 (encoder and decoder split, cross-attention against the gathered encoder, relative bias at global
+positions, a decoder length padded to whole chunks). One launch (``context_parallel_worker.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from training_utils import run_ranks
+
+WORKER = Path(__file__).parents[1] / "context_parallel_worker.py"
+CASES = ("gpt", "gpt-documents-window", "prefix-lm", "bert", "t5")
+
+
+@pytest.fixture(scope="module")
+def model_results(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("cp-model")
+    run_ranks(WORKER, str(out), world_size=2, log_dir=out)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_context_parallel_model_equals_one_process(model_results, case):
+    for rank, results in enumerate(model_results):
+        r = results[case]
+        assert r["missing_grads"] == 0
+        assert r["logits"] < 1e-5, (rank, r)
+        assert r["loss"] < 1e-5, (rank, r)
+        assert r["grads"] < 1e-5, (rank, r)  # every parameter, the ranks' gradients summed
