@@ -3,7 +3,8 @@
     python async_kill_worker.py RUN_DIR [block-write-of-step N] [slow-writes SECONDS] [signal-at-step N] fit ...
 
 ``block-write-of-step N``: the write of step N's checkpoint stops after its third tensor (in the writer thread),
-touches ``RUN_DIR/blocked`` and waits forever (the test kills the process). ``slow-writes S``: every write
+touches ``RUN_DIR/blocked`` and waits forever (the test kills the process); the previous checkpoint is then
+already in place (a save starts only once the previous one is). ``slow-writes S``: every write
 takes S seconds longer before it is put in place. ``signal-at-step N``: SIGTERM to this process at the end of
 step N (as a scheduler's preemption would send).
 """
@@ -29,6 +30,9 @@ def block_write_of_step(run_dir: Path, step: int) -> None:
     save, write_item = AsyncCheckpointWriter.save, dcp_filesystem._write_item
 
     def recording_save(self, tensors, meta, path, **kwargs):
+        # the previous write may still be in flight (a loaded machine): ``save`` first waits for it, so do that
+        # before the items counted become this step's; counting from the call blocked the previous write instead
+        self.wait()
         saving["step"], saving["items"] = int(meta["global_step"]), 0
         return save(self, tensors, meta, path, **kwargs)
 

@@ -107,11 +107,6 @@ def wait_for(marker, proc, timeout=300):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug: under load (a second test worker busy) last.ckpt of step 2 was missing for 60 s while step "
-    "4's write was blocked (CI on 9714a15, and again on d7807ac); passes alone",
-)
 def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_path, tiny_world, reference):
     """The write of step 4 stops half-way (after some of its tensors, in the writer thread) while training goes on;
     SIGKILL then: ``last.ckpt`` still holds step 2, valid; ``resume=auto`` removes the partial write and the
@@ -121,11 +116,11 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_pat
     proc = start_worker(path, run_dir, "block-write-of-step", "4")
     try:
         wait_for(run_dir / "blocked", proc)
-        time.sleep(0.5)  # training goes on meanwhile (the write is off its thread)
+        # step 4's write started only once step 2's was in place (by the writer's thread, whatever the training
+        # thread is doing): no waiting for it here
         last = run_dir / "checkpoints" / "last.ckpt"
-        # step 2's complete write is put in place by the training thread, which a loaded machine may delay
-        wait_for(last, proc, timeout=60)
         assert checkpoint_step(last) == 2
+        time.sleep(0.5)  # training goes on meanwhile (the write is off its thread)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -135,7 +130,7 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_pat
     assert main(["fit", str(path)]) == 0  # resume=auto
     assert leftovers(run_dir) == [] and checkpoint_step(last) == STEPS
     resumed = launch_losses(run_dir)[-1]
-    assert min(resumed) == 2 and resumed == pytest.approx({s: reference[s] for s in resumed}, rel=1e-6)
+    assert min(resumed) == 3 and resumed == pytest.approx({s: reference[s] for s in resumed}, rel=1e-6)
 
 
 @pytest.mark.slow
