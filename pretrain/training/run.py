@@ -51,8 +51,10 @@ def check_input_files(run: RunConfig) -> None:
 
 
 def _fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[str]) -> int:
-    from pretrain.checkpoint.reshard import CACHE, loadable, remove_cache
     from pretrain.compat import lightning as lightning_compat  # first: Lightning without torchmetrics' extras
+
+    # isort: split
+    from pretrain.checkpoint.reshard import CACHE, loadable, remove_cache
     from pretrain.errors import RankDied, peer_gone
     from pretrain.training.callbacks.preemption import Interrupted
     from pretrain.training.setup import prepare_run
@@ -168,8 +170,10 @@ def summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 def validate(run: RunConfig, resolved: dict[str, Any]) -> int:
     """Validation metrics of ``run``'s checkpoint (``resume``: a given one, else the newest valid one), printed."""
     check_input_files(run)
-    from pretrain.checkpoint.resume import strategy_reads
     from pretrain.compat import lightning as lightning_compat  # noqa: F401  (first: Lightning without torchmetrics' extras)
+
+    # isort: split
+    from pretrain.checkpoint.resume import strategy_reads
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
