@@ -26,11 +26,13 @@ demo: install
 	bash recipes/demo.sh
 
 # two test processes (pytest-xdist), each test file whole in one of them (its module fixtures built once): the
-# suite's subprocess launches, imports and multi-rank runs leave a core idle about half the time in one process
+# suite's subprocess launches, imports and multi-rank runs leave a core idle about half the time in one process.
+# --no-loadscope-reorder keeps the files in tests/conftest.py's order (end-to-end files first) instead of xdist's
+# default (files with the most tests first, which left the long end-to-end files to run last, one worker idle)
 TEST_WORKERS ?= 2
 
 test: install
-	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: install
 	$(UV) -e ".[bench]"

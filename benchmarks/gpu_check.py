@@ -212,8 +212,8 @@ def compile_events(log_text: str) -> dict[str, int]:
 
 
 def final_loss(run_dir: Path, step: int) -> float:
-    """The training loss logged at optimizer step ``step`` (CSV rows are 0-based steps)."""
-    return metrics(run_dir)["train/loss"][step - 1]
+    """The training loss logged at optimizer step ``step`` (CSV rows count steps from 1, as checkpoint names)."""
+    return metrics(run_dir)["train/loss"][step]
 
 
 # ---------------------------------------------------------------------------------------------- legs
@@ -365,7 +365,7 @@ def leg_resume(work: Path, profile: dict, strategy: str) -> dict:
     (mid,) = (straight / "checkpoints").glob(f"best-step{n}-*")
     pretrain(["fit", recipe, f"run_dir={resumed}", f"resume={mid}", *common], devices)
     loss_resumed, loss_straight = final_loss(resumed, 2 * n), final_loss(straight, 2 * n)
-    first_resumed_step = min(metrics(resumed)["train/loss"]) + 1
+    first_resumed_step = min(metrics(resumed)["train/loss"])
     checkpoint = resumed / "checkpoints" / "last.ckpt"
     hf_dir = resumed / "hf"
     pretrain(["export", str(checkpoint), str(hf_dir)])

@@ -59,7 +59,6 @@ from pretrain.datamodules.corpus import (
     iter_documents,
     resolve_sources,
 )
-from pretrain.datamodules.dataset import DocumentStarts
 from pretrain.datamodules.hashing import splitmix64
 from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
 from pretrain.datamodules.storage import atomic_write_text, exclusive, naming, replace_path
@@ -68,6 +67,8 @@ from pretrain.errors import InputError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from pretrain.datamodules.dataset import DocumentStarts  # imports torch: not before a config is checked
 
 FORMAT_VERSION = 4  # what the newest format changed: FORMAT_CHANGES
 FORMAT_CHANGES = {  # version -> what a corpus of an older version lacks
@@ -296,6 +297,8 @@ def shard_tokens(prepared_dir: str | os.PathLike, split: str) -> list[np.ndarray
 
 def shard_documents(prepared_dir: str | os.PathLike, split: str) -> list[DocumentStarts]:
     """Where the documents of ``split``'s shards start (``DocumentStarts`` over each shard's index)."""
+    from pretrain.datamodules.dataset import DocumentStarts
+
     return [DocumentStarts(p) for p in split_prefixes(prepared_dir, split)]
 
 

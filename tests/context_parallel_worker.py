@@ -14,10 +14,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
+from pretrain.models.attention import ChunkCausal
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
@@ -46,6 +48,11 @@ def cases() -> dict[str, tuple[ModelConfig, dict[str, torch.Tensor]]]:
     prefix = torch.tensor([7, 20])
     out: dict[str, tuple[ModelConfig, dict[str, torch.Tensor]]] = {
         "gpt": (ModelConfig(**small), {"input_ids": ids, "labels": labels}),
+        # plain causal with RoPE and GQA: the mask-free chunked attention (attention.ChunkCausal), heads repeated
+        "llama-gqa": (
+            ModelConfig(**small, position="rope", n_kv_head=2, norm="rmsnorm", norm_bias=False),
+            {"input_ids": ids, "labels": labels},
+        ),
         # Llama-style: RoPE at document positions, GQA, packed-document mask, sliding window, global-token-free
         "gpt-documents-window": (
             ModelConfig(
@@ -155,8 +162,10 @@ def check(config: ModelConfig, batch: dict[str, torch.Tensor], rank: int, world:
     loss.backward()
     apply_context_parallel(model, dist.group.WORLD)
     local = sparse_targets(SequenceShard(rank, world)(batch))
-    local_logits, local_loss = loss_of(model, local)
-    local_loss.backward()
+    with mock.patch.object(ChunkCausal, "apply", wraps=ChunkCausal.apply) as chunked:
+        local_logits, local_loss = loss_of(model, local)
+        local_loss.backward()
+    calls = chunked.call_count
     total = local_loss.detach().clone()
     dist.all_reduce(total)
     for p in model.parameters():
@@ -191,6 +200,7 @@ def check(config: ModelConfig, batch: dict[str, torch.Tensor], rank: int, world:
         "grads": max(grads.values()),
         "worst_grad": max(grads, key=grads.get),
         "missing_grads": sum(p.grad is None for p in reference.parameters()),
+        "mask_free_calls": calls,  # attention calls of ChunkCausal (no (T/N x T) mask)
     }
 
 

@@ -3,7 +3,8 @@ Lightning's DDP launcher re-runs for every rank):
 
     python tests/fault_run.py FAULTS fit RECIPE [key=value ...]
 
-``FAULTS`` is a comma-separated list (``-`` for none) of
+``FAULTS`` is a comma-separated list (``-`` for none) of (STEP: the steps completed before it, ``trainer.global_step``
+while it runs; the logs, checkpoint names and guard events call it step STEP + 1)
     nan@STEP[:RANK]     the gradient of step STEP is NaN (on RANK only; default every rank)
     lr@A-B:FACTOR       the learning rate of steps A..B-1 is multiplied by FACTOR (a spike)
     hang@STEP[:RANK]    step STEP sleeps for 10 minutes

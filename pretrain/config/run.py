@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -626,7 +625,7 @@ def mixture_schedule(data: DataConfig):
 
 def _check_objective(o: ObjectiveConfig) -> None:
     """The options are the objective's (``pretrain.objectives.check_options``), of their annotated types."""
-    from pretrain import objectives
+    from pretrain.objectives.options import check_options, option_types
 
     if "document_masking" in o.options:
         raise InputError(
@@ -634,12 +633,12 @@ def _check_objective(o: ObjectiveConfig) -> None:
             "from the prepared corpus, for every objective); drop the option and set data.document_mask"
         )
     try:
-        objectives.check_options(o.name, o.options)
+        check_options(o.name, o.options)
     except InputError as err:
         raise InputError(
             f"objective.options: {err} (an option from another objective's piece: drop them with ~objective.options)"
         ) from None
-    hints = typing.get_type_hints(objectives.OBJECTIVES[o.name].__init__)
+    hints = option_types(o.name)
     for name, value in o.options.items():
         try:
             o.options[name] = check_type(value, hints.get(name, Any), f"objective.options.{name}")

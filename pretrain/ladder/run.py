@@ -79,8 +79,8 @@ def fit_cell(cell: dict[str, Any], cwd: str, threads: int) -> str:
                 ).returncode
             seconds = time.monotonic() - start
             final = final_validation(run_dir)
-            if code == 0 and final is not None and final[0] >= cell["steps"] - 1 and math.isfinite(final[1]):
-                body = {"name": cell["name"], "loss": final[1], "step": final[0] + 1, "seconds": seconds}
+            if code == 0 and final is not None and final[0] >= cell["steps"] and math.isfinite(final[1]):
+                body = {"name": cell["name"], "loss": final[1], "step": final[0], "seconds": seconds}
                 atomic_write_text(run_dir / RESULT_FILE, json.dumps(body))
                 return "done"
             lines = (run_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()

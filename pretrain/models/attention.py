@@ -29,6 +29,10 @@ identically. One pattern is shared by all heads and layers (BigBird draws one pe
 Context parallelism (``pretrain.parallel.context``): a rank holds the queries at ``query_positions`` (T,) of the
 whole sequence, which stand for p in place of past_len + q, and the keys of every rank (``AttentionMask.gather``
 all-gathers them before the kernel); the per-token tensors read at p (document ids, global ids) then span the keys.
+A plain causal mask (no padding, documents, prefixes, sparse pattern, bias or attention dropout) needs no mask
+there: each of the rank's query chunks (``query_chunks``: C queries from position s) attends the keys before it
+with no mask and its own diagonal (C x C) block with ``is_causal``, two calls of CPU SDPA's flash kernel merged by
+their log-sum-exp (:class:`ChunkCausal`), so no (T/N x S) mask is made or kept for the backward.
 
 flex_attention has no backward on CPU (torch 2.13 raises NotImplementedError) and no dropout, and a compiled
 kernel recompiles for every new key length; so the flex backend computes through SDPA, on the dense mask of the
@@ -41,6 +45,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +122,8 @@ class MaskInputs:
     prefix_keys: Tensor | None = None
     key_document_ids: Tensor | None = None
     query_positions: Tensor | None = None  # (T,) absolute position of each query (context parallelism)
+    # context parallelism: the first position of each of the equal, contiguous runs the queries are made of
+    query_chunks: tuple[int, ...] | None = None
 
     def _batched(self) -> tuple[Tensor | None, ...]:
         return (
@@ -207,6 +214,14 @@ class MaskInputs:
         plain = plain and self.query_positions is None
         return not (plain and (not self.causal or self.query_len == 1 or self.past_len == 0))
 
+    def chunk_causal(self) -> bool:
+        """True when the queries are context-parallel chunks under a plain causal mask (nothing but ``k <= p``):
+        attention needs no mask (:class:`ChunkCausal`)."""
+        plain = self.batch_free and (self.pattern is None or not self.pattern.active)
+        return (
+            plain and self.causal and not self.cross and not self.past_len and self.query_chunks is not None
+        )
+
     def dense(self, device: torch.device) -> Tensor:
         """(B|1, 1, T, S) bool mask, the mask_mod evaluated on broadcast index grids."""
         arange = functools.partial(torch.arange, device=device)
@@ -252,7 +267,17 @@ class AttentionMask:
         self.score_mod = bias[1] if bias is not None and self.flex else None
         self.block_mask = self._block_mask(inputs, x.device, cache) if self.flex else None
         self.dense, self.is_causal = None, False
-        if self.flex:
+        # context parallelism under a plain causal mask on the CPU: mask-free, chunk by chunk (ChunkCausal)
+        self.chunks = (
+            inputs.query_chunks
+            if not self.flex
+            and bias is None
+            and not dropout
+            and x.device.type == "cpu"
+            and inputs.chunk_causal()
+            else None
+        )
+        if self.flex or self.chunks is not None:
             return
         if bias is not None:
             dense = bias[0]()
@@ -301,6 +326,15 @@ def attend(
     if mask is not None and mask.gather is not None:
         k, v = mask.gather(k), mask.gather(v)
     gqa = k.shape[1] != q.shape[1]
+    if mask is not None and mask.chunks is not None:
+        if gqa:  # the flash kernel's own call takes as many key/value heads as query heads
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        size = q.shape[2] // len(mask.chunks)
+        return torch.cat(
+            [ChunkCausal.apply(q[:, :, i * size : (i + 1) * size], k, v, start, scale)
+             for i, start in enumerate(mask.chunks)],
+            dim=2,
+        )  # fmt: skip
     if mask is not None and mask.flex:
         kernel = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
         return kernel(q, k, v, mask.score_mod, mask.block_mask, scale=scale, enable_gqa=gqa)
@@ -314,3 +348,47 @@ def attend(
         scale=scale,
         enable_gqa=gqa,
     )
+
+
+class ChunkCausal(torch.autograd.Function):
+    """Causal attention of C queries at positions start..start+C-1 against keys 0..start+C-1 of ``k``, ``v``
+    (B, h, S, d_h), without a mask: the keys before ``start`` are all visible (one call, no mask), the diagonal
+    (C x C) block is causal from its corner (one call, ``is_causal``); CPU SDPA's flash kernel
+    (``_scaled_dot_product_flash_attention_for_cpu``) returns each call's log-sum-exp, by which the two are merged
+    (in float32). The backward is the kernel's own for each block, given the merged output and log-sum-exp (as
+    ring attention's): the query gradients summed, the key and value gradients of each block in place. Exact
+    softmax attention: equal to one process's causal SDPA up to float rounding."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, start: int, scale: float | None) -> Tensor:
+        kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        size = q.shape[2]
+        blocks = [
+            (lo, hi, causal) for lo, hi, causal in ((0, start, False), (start, start + size, True)) if hi > lo
+        ]
+        parts = [
+            kernel(q, k[:, :, lo:hi], v[:, :, lo:hi], 0.0, causal, scale=scale) for lo, hi, causal in blocks
+        ]
+        out, lse = parts[0]
+        if len(parts) == 2:
+            (o1, l1), (o2, l2) = parts
+            lse = torch.logaddexp(l1, l2)
+            merged = o1.float() * (l1 - lse).exp().unsqueeze(-1) + o2.float() * (l2 - lse).exp().unsqueeze(-1)
+            out = merged.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.blocks, ctx.scale = blocks, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        q, k, v, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dk, dv = None, torch.zeros_like(k), torch.zeros_like(v)
+        for lo, hi, causal in ctx.blocks:
+            gq, gk, gv = kernel(
+                grad, q, k[:, :, lo:hi], v[:, :, lo:hi], out, lse, 0.0, causal, scale=ctx.scale
+            )
+            dq = gq if dq is None else dq + gq
+            dk[:, :, lo:hi], dv[:, :, lo:hi] = gk, gv
+        return dq, dk, dv, None, None

@@ -176,6 +176,8 @@ class ContextParallel:
         changes["key_len"] = inputs.key_len * self.size
         if not inputs.cross:
             changes["query_positions"] = self.positions(inputs.query_len, device)
+            chunk = inputs.query_len // 2  # chunks rank and 2N-1-rank (chunk_positions)
+            changes["query_chunks"] = (self.rank * chunk, (2 * self.size - 1 - self.rank) * chunk)
         return dataclasses.replace(inputs, **changes)
 
 

@@ -194,7 +194,8 @@ class StepGuard(Callback):
         elif skip is not None and bool(skip):  # no device-side skip: this reads the verdict on the host
             self._drop_update(params)
         verdict = DeferredRead(torch.stack([loss.double(), bad.double()]))
-        self._pending = (trainer.global_step, _data_position(trainer), verdict)
+        # the step's number counted from 1 (global_step once it has stepped), as its metrics are logged at
+        self._pending = (trainer.global_step + 1, _data_position(trainer), verdict)
         if self.lr_steps_left > 0:  # counted down once the step turns out normal
             self._lr_scaled = [
                 (group["lr"], group["lr"] * spike.lr_factor) for group in optimizer.param_groups

@@ -6,6 +6,10 @@ item names the public behaviour it stands in for:
 - ``should_update_logs``: Lightning's schedule of logged steps (``log_every_n_steps``) as the logger sees it.
 - ``log_metrics``: metrics logged at the trainer's step (and put into ``callback_metrics``), as
   ``LightningModule.log`` does on a logging step, without its per-value bookkeeping.
+- ``log_at_steps_completed``: Lightning logs the metrics of a training step, and of a validation after it, at the
+  number of optimizer steps completed before that step (its epoch loop's ``_batches_that_stepped``: 0 for the
+  first); here they are logged at the step's number counted from 1 -- ``trainer.global_step`` once it has stepped,
+  the number in the checkpoint names and the progress lines.
 - ``engine_divides_by_accumulation``: DeepSpeed's engine divides the loss by its accumulation steps on top of
   Lightning's own division.
 - ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
@@ -170,6 +174,23 @@ def log_metrics(trainer: Any, metrics: dict[str, Any], callback: bool = False) -
     trainer._logger_connector.log_metrics(metrics)
     if callback:
         trainer._logger_connector._callback_metrics.update(metrics)
+
+
+def log_at_steps_completed(trainer: Any) -> None:
+    """While fitting, every metric Lightning logs without a step of its own (``LightningModule.log``, a validation,
+    ``log_metrics`` above) is logged at the number of the optimizer step it belongs to, counted from 1: the
+    trainer's ``global_step`` after that step (Lightning: one less, the steps completed before it). Lightning's
+    ``epoch`` column stays."""
+    connector = trainer._logger_connector
+    log = connector.log_metrics
+
+    def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
+        if metrics and step is None and "step" not in metrics and trainer.state.fn == "fit":
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+            metrics = {**metrics, "epoch": metrics.get("epoch", trainer.current_epoch)}
+        log(metrics, step)
+
+    connector.log_metrics = log_metrics
 
 
 def validation_follows(trainer: Any) -> bool:

@@ -207,6 +207,7 @@ def build_trainer(
         use_distributed_sampler=False,  # the datamodule shards by rank itself (exact resume)
         default_root_dir=run.run_dir,
     )
+    lightning_compat.log_at_steps_completed(trainer)  # the k-th optimizer step's metrics at step k
     if trainer.progress_bar_callback is not None:
         bar = trainer.progress_bar_callback
         bar.get_metrics = metrics_of_logging_steps(bar.get_metrics)  # type: ignore[method-assign]

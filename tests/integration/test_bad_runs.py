@@ -24,7 +24,7 @@ def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tin
     )
     csv_file = tmp_path / "run" / "logs" / "version_0" / "metrics.csv"
     assert f"metrics CSV: {csv_file}" in out and csv_file.is_file()
-    assert [int(r["step"]) for r in read_metrics(tmp_path / "run") if r.get("train/loss")] == [2]
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "run") if r.get("train/loss")] == [3]
     assert (tmp_path / "run" / "curves.png").read_bytes().startswith(b"\x89PNG")
 
     # fitted again, the finished run says so and how to go on, instead of silently training 0 steps
@@ -58,7 +58,7 @@ def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_pa
     assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "trainer.max_steps=2"]) == 0
     assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "trainer.max_steps=4"]) == 0
     second = read_metrics(run_dir, newest_only=True)
-    assert sorted({int(r["step"]) for r in second if r.get("train/loss")}) == [2, 3]  # steps 3 and 4 only
+    assert sorted({int(r["step"]) for r in second if r.get("train/loss")}) == [3, 4]  # steps 3 and 4 only
     line = "pretrain baseline: error: checkpoint"
     assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "baselines.model.d_hidden=8"]) == 2
     assert line in capsys.readouterr().err  # another model's checkpoint: refused in one line
@@ -140,7 +140,7 @@ def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_p
     accuracy = metric_by_step(read_metrics(tmp_path / "run"), "val/accuracy")
     assert len(set(accuracy.values())) > 1, accuracy  # the ranking decides something
     step = int(re.match(r"best-step(\d+)-accuracy", best[0].name)[1])
-    assert accuracy[step - 1] == max(accuracy.values()), (best[0].name, accuracy)
+    assert accuracy[step] == max(accuracy.values()), (best[0].name, accuracy)  # one step numbering
 
 
 def test_save_top_k_minus_one_keeps_every_validations_checkpoint(tmp_path, tiny_world):

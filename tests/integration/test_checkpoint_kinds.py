@@ -164,7 +164,7 @@ def test_convert_every_kind_to_one_file_and_to_dcp(kinds, tmp_path, capsys):
 
 
 def logged_val_loss(recipe: Path) -> float:
-    return metric_by_step(read_metrics(recipe.parent / "run"), "val/loss")[STEPS - 1]
+    return metric_by_step(read_metrics(recipe.parent / "run"), "val/loss")[STEPS]
 
 
 def printed(out: str, key: str) -> float:

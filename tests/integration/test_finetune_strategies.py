@@ -187,7 +187,7 @@ def test_sharded_finetuning_resumes_exactly(runs, strategy):
     resumed, whole = runs[f"seq-{strategy}-resumed"], runs[f"seq-{strategy}"]
     assert (resumed / "checkpoints" / "last.ckpt").is_dir()  # a sharded checkpoint directory
     launches = [metric_by_step(rows, "train/loss") for rows in launch_metrics(resumed)]
-    assert sorted(launches[0]) == [0, 1, 2] and sorted(launches[1]) == [3, 4, 5]
+    assert sorted(launches[0]) == [1, 2, 3] and sorted(launches[1]) == [4, 5, 6]
     assert launches[0] | launches[1] == pytest.approx(_losses(whole), rel=1e-5)
     assert _results(resumed)["val"] == pytest.approx(_results(whole)["val"], rel=1e-5)
 

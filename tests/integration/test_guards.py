@@ -50,17 +50,19 @@ def test_nan_gradient_step_is_skipped_and_equals_a_run_without_that_update(tmp_p
     for key in b:
         assert torch.equal(a[key], b[key]), key
     state = guard_state(tmp_path / "nan" / "run")
-    assert state["nonfinite_steps"] == 1 and [e["step"] for e in state["events"]] == [3]
+    # the fault's step 3 (steps completed before it) is the 4th: step 4 in the events and the logs
+    assert state["nonfinite_steps"] == 1 and [e["step"] for e in state["events"]] == [4]
     logged = metric_by_step(read_metrics(tmp_path / "nan" / "run"), "guard/nonfinite_steps")
-    assert logged == {3: 1.0}
+    assert logged == {4: 1.0}
 
 
 SPIKE = {"snapshot_every": 4, "spike": {"enabled": True, "k": 3.0, "m": 2, "window": 20, "min_history": 4}}
 
 
 def test_spike_rolls_back_skips_its_data_and_ends_near_the_clean_run(tmp_path, tiny_world):
-    """The learning rate of steps 8-9 is multiplied by 300: the loss jumps from ~5.9 to ~15; the guard rolls
-    back to the snapshot of step 8, skips the samples read since, and the run ends close to the clean one."""
+    """The learning rate of steps 9-10 (fault steps 8-9) is multiplied by 300: the loss jumps from ~5.9 to ~15;
+    at step 11 the guard rolls back to the snapshot after step 8, skips the samples read since, and the run ends
+    close to the clean one."""
     common = {"trainer": {"max_steps": 20, "val_check_interval": 20}, "optim": {"decay_steps": 20}}
     clean = recipe(tmp_path / "clean", tiny_world, **common)
     guarded = recipe(tmp_path / "guarded", tiny_world, guards=SPIKE, **common)
@@ -68,14 +70,14 @@ def test_spike_rolls_back_skips_its_data_and_ends_near_the_clean_run(tmp_path, t
     assert fit_with_faults("lr@8-10:300", ["fit", str(guarded)]) == 0
     rows = {name: read_metrics(tmp_path / name / "run") for name in ("clean", "guarded")}
     train = metric_by_step(rows["guarded"], "train/loss")
-    assert max(train.values()) > 2 * metric_by_step(rows["clean"], "train/loss")[9]  # the fault did hit
+    assert max(train.values()) > 2 * metric_by_step(rows["clean"], "train/loss")[10]  # the fault did hit
     (event,) = guard_state(tmp_path / "guarded" / "run")["events"]
-    assert event["event"] == "rollback_spike" and event["to_step"] == 8 and event["step"] == 10
-    batch = 4  # micro_batch_size x 1 rank: steps 8, 9 and 10 read the skipped samples
+    assert event["event"] == "rollback_spike" and event["to_step"] == 8 and event["step"] == 11
+    batch = 4  # micro_batch_size x 1 rank: steps 9, 10 and 11 read the skipped samples
     assert event["skipped_samples"] == [(0, 8 * batch), (0, 11 * batch)]
-    assert metric_by_step(rows["guarded"], "guard/rollback_to_step") == {10: 8.0}
-    assert metric_by_step(rows["guarded"], "guard/skipped_from_sample") == {10: 32.0}
-    val = {name: metric_by_step(rows[name], "val/loss")[19] for name in rows}
+    assert metric_by_step(rows["guarded"], "guard/rollback_to_step") == {11: 8.0}
+    assert metric_by_step(rows["guarded"], "guard/skipped_from_sample") == {11: 32.0}
+    val = {name: metric_by_step(rows[name], "val/loss")[20] for name in rows}
     assert abs(val["guarded"] - val["clean"]) < 0.15, val  # 3 steps of progress lost: ~0.1 at this point
 
     # a run stopped mid-spike (checkpoint at step 10, one anomalous step seen) and resumed decides the same
@@ -156,4 +158,4 @@ def test_nan_on_one_of_two_ranks_is_skipped_on_both(tmp_path, tiny_world):
     for key in b:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)  # reduction order
     state = guard_state(tmp_path / "two" / "run")
-    assert state["nonfinite_steps"] == 1 and [e["step"] for e in state["events"]] == [3]
+    assert state["nonfinite_steps"] == 1 and [e["step"] for e in state["events"]] == [4]

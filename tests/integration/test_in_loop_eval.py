@@ -156,7 +156,7 @@ def test_encoder_and_encoder_decoder_in_loop_eval_is_pretrain_evaluate(kind, wor
     checked = {"trainer": {"sync_check": "error", "log_every_n_steps": 3}} if kind == "t5" else {}
     caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
     assert cli_main(["fit", str(eval_recipe(tmp_path, world, kind, **wandb, **checked))]) == 0
-    if checked:  # steps 1 and 3 (0-based) evaluate and do not log
+    if checked:  # steps 2 and 4 evaluate and do not log (step 3 does)
         summary = "sync_check=error: 3 steps that do not log checked (rank 0); host reads: none"
         assert summary in caplog.text
     logged = logged_eval(read_metrics(tmp_path / "run"))

@@ -230,21 +230,19 @@ def test_logged_metrics(tmp_path, tiny_world):
     trainer.fit(parts["module"], datamodule=parts["datamodule"])
     rows = read_metrics(tmp_path / "run")
     loss = metric_by_step(rows, "train/loss")
-    assert sorted(loss) == list(range(6))
+    assert sorted(loss) == list(range(1, 7))  # the k-th optimizer step at step k
     for step, value in metric_by_step(rows, "train/perplexity").items():
         assert value == pytest.approx(math.exp(loss[step]), rel=1e-4)
     tokens_per_step = 4 * 2 * 32  # micro-batch x accumulation x seq_len
-    assert metric_by_step(rows, "train/tokens_seen") == {
-        s: float((s + 1) * tokens_per_step) for s in range(6)
-    }
+    assert metric_by_step(rows, "train/tokens_seen") == {s: float(s * tokens_per_step) for s in range(1, 7)}
     lr = metric_by_step(rows, "train/lr")
-    assert lr[0] == pytest.approx(run.optim.lr / 2) and lr[1] == pytest.approx(run.optim.lr)  # 2 warmup steps
+    assert lr[1] == pytest.approx(run.optim.lr / 2) and lr[2] == pytest.approx(run.optim.lr)  # 2 warmup steps
     assert all(0 < a <= 1 for a in metric_by_step(rows, "train/accuracy").values())
     assert all(g > 0 for g in metric_by_step(rows, "train/grad_norm").values())
-    assert sorted(metric_by_step(rows, "val/loss")) == [2, 5]
+    assert sorted(metric_by_step(rows, "val/loss")) == [3, 6]
     # what checkpoint monitors, early stopping and the progress bar read: the last step's, as logged
-    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(loss[5])
-    assert float(trainer.callback_metrics["train/accuracy"]) == metric_by_step(rows, "train/accuracy")[5]
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(loss[6])
+    assert float(trainer.callback_metrics["train/accuracy"]) == metric_by_step(rows, "train/accuracy")[6]
     mfu = metric_by_step(rows, "train/mfu")
     flops = metric_by_step(rows, "train/flops_per_sec_per_device")
     assert mfu and all(mfu[s] == pytest.approx(flops[s] / 1e12) for s in mfu)

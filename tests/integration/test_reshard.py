@@ -104,14 +104,14 @@ def test_sources_are_async_dcp_directories_and_deepspeed(runs):
     )
     reference = losses(runs, "reference")
     for name in SOURCES:  # written in the background or not, the same training
-        assert losses(runs, name) == pytest.approx({s: reference[s] for s in range(SAVED)}, rel=1e-6)
+        assert losses(runs, name) == pytest.approx({s: reference[s] for s in range(1, SAVED + 1)}, rel=1e-6)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [*TWO_RANKS, *ONE_RANK])
 def test_resumed_under_another_layout_continues_the_uninterrupted_run(runs, name):
     reference, resumed = losses(runs, "reference"), losses(runs, name)
-    assert sorted(resumed) == list(range(SAVED, STEPS))  # 20 steps, from the checkpoint's
+    assert sorted(resumed) == list(range(SAVED + 1, STEPS + 1))  # 20 steps, after the checkpoint's
     assert resumed == pytest.approx({s: reference[s] for s in resumed}, rel=1e-6)
     source = (TWO_RANKS | ONE_RANK)[name][0]
     expected = samples_by_step(runs / "reference" / "run")

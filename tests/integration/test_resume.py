@@ -67,7 +67,7 @@ def check_wandb(run_dir, killed_at: int) -> None:
         if r.WhichOneof("record_type") == "history"
     ]
     steps = sorted(int(h["trainer/global_step"]) for h in logged if "train/loss" in h)
-    assert steps and steps[0] >= killed_at and steps[-1] == MAX_STEPS - 1  # the second launch continues
+    assert steps and steps[0] > killed_at and steps[-1] == MAX_STEPS  # the second launch continues
     # on the run's step axis: W&B's own step is the trainer's (before: W&B counted the second launch from 0)
     assert all(int(h["_step"]) == int(h["trainer/global_step"]) for h in logged if "trainer/global_step" in h)
     assert any("val/loss" in h for h in logged)
@@ -103,7 +103,7 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
     # the resumed launch (the newest CSV) logged the uninterrupted run's losses from its checkpoint step on
     full_loss = metric_by_step(read_metrics(tmp_path / "full/run"), "train/loss")
     resumed = metric_by_step(read_metrics(tmp_path / "killed/run", newest_only=True), "train/loss")
-    assert step <= min(resumed) and max(resumed) == MAX_STEPS - 1  # resumed, not restarted
+    assert step < min(resumed) and max(resumed) == MAX_STEPS  # resumed, not restarted
     assert resumed == {s: full_loss[s] for s in resumed}
     if wandb:
         check_wandb(tmp_path / "killed" / "run", step)
@@ -119,40 +119,59 @@ def wandb_history(run_file) -> dict[int, dict]:
     return rows
 
 
-def test_wandb_continues_the_runs_step_axis_and_never_logs_a_step_twice(tmp_path, tiny_world):
+def test_one_step_numbering_and_wandb_continues_the_runs_step_axis_never_logging_a_step_twice(
+    tmp_path, tiny_world, capsys
+):
     """Three launches of one W&B run (offline): 4 steps; a resume from the step-2 checkpoint, whose later steps
-    the run holds already (W&B cannot rewind: they go to the CSV only, and a warning says so); 2 steps more."""
+    the run holds already (W&B cannot rewind: they go to the CSV only, and a warning says so); 2 steps more.
+    The k-th optimizer step is step k everywhere: W&B's step and ``trainer/global_step``, the CSV's ``step``,
+    the progress lines and the checkpoint names (before: W&B and the CSV counted from 0, the others from 1)."""
     from pretrain.cli import main
 
     recipe = resume_recipe(
         tmp_path / "run",
         tiny_world,
         "gpt",
-        trainer={"max_steps": 4, "val_check_interval": 2},
+        trainer={"max_steps": 4, "val_check_interval": 2, "progress_bar": True, "progress_seconds": 1e-6},
         optim={"decay_steps": 6},
         checkpoint={"every_n_steps": 100, "save_top_k": -1},  # every validation's: after 2 and 4 updates
         logger={"wandb": {"enabled": True}},
     )
     run_dir = tmp_path / "run" / "run"
+    capsys.readouterr()
     assert main(["fit", str(recipe)]) == 0
+    progress = {  # "step 3/4 (75%) | loss 6.2150 | ...": one line per step (not a terminal)
+        int(line.split()[1].split("/")[0]): line.split(" | ")[1].removeprefix("loss ")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("step ")
+    }
+    first = read_metrics(run_dir)
+    named = sorted(
+        int(p.name.split("-")[1].removeprefix("step")) for p in (run_dir / "checkpoints").glob("best-*")
+    )
     (older,) = (run_dir / "checkpoints").glob("best-step2-*.ckpt")
     with pytest.warns(
-        UserWarning, match=r"holds steps up to 3 .*steps 2-3 of this launch are logged to the other"
+        UserWarning, match=r"holds steps up to 4 .*steps 3-4 of this launch are logged to the other"
     ):
         assert main(["fit", str(recipe), f"resume={older}"]) == 0
     assert main(["fit", str(recipe), "trainer.max_steps=6"]) == 0
     files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 3 and len({f.name for f in files}) == 1  # one run id
     histories = [wandb_history(f) for f in files]
-    print(histories)
     trained = [sorted(s for s, row in h.items() if "train/loss" in row) for h in histories]
     # before: each launch's history from W&B step 0 ([0, 1, 2, 3], [0, 1], [0, 1]) and steps 2-3 sent twice
-    assert trained == [[0, 1, 2, 3], [], [4, 5]]
+    assert trained == [[1, 2, 3, 4], [], [5, 6]]
     assert all(int(row["trainer/global_step"]) == s for h in histories for s, row in h.items())
+    # the same step's numbers agree: progress line, CSV and W&B losses; validations and checkpoint names
+    csv_loss = metric_by_step(first, "train/loss")
+    assert sorted(progress) == sorted(csv_loss) == trained[0]
+    assert all(progress[s] == f"{csv_loss[s]:.4f}" for s in progress)
+    assert all(json.loads(histories[0][s]["train/loss"]) == pytest.approx(csv_loss[s]) for s in csv_loss)
+    assert named == sorted(metric_by_step(first, "val/loss")) == [2, 4]
     validated = [int(row["step"]) for row in read_metrics(run_dir) if row.get("val/loss")]
-    assert validated == [1, 3, 3, 5]  # the CSV has every launch's
+    assert validated == [2, 4, 4, 6]  # the CSV has every launch's
     csv = metric_by_step(read_metrics(run_dir, newest_only=True), "train/loss")
-    assert sorted(csv) == [4, 5] and csv[5] == pytest.approx(json.loads(histories[2][5]["train/loss"]))
+    assert sorted(csv) == [5, 6] and csv[6] == pytest.approx(json.loads(histories[2][6]["train/loss"]))
 
 
 def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_path, tiny_world):
@@ -208,11 +227,11 @@ def test_extended_then_preempted_run_equals_one_uninterrupted_run(tmp_path, tiny
     reference.wait()
     full = launch_losses(tmp_path / "full" / "run")[0]
     launches = launch_losses(run_dir)
-    assert [min(launch) for launch in launches] == [0, 4, max(launches[1]) + 1]  # each continues the last
-    assert max(launches[1]) + 1 >= step  # saved after the step during which the signal arrived
+    assert [min(launch) for launch in launches] == [1, 5, max(launches[1]) + 1]  # each continues the last
+    assert max(launches[1]) >= step  # saved after the step during which the signal arrived
     for launch in launches:
         assert launch == {s: full[s] for s in launch}
-    assert sorted(s for launch in launches for s in launch) == list(range(steps))
+    assert sorted(s for launch in launches for s in launch) == list(range(1, steps + 1))
     assert_same_weights(
         model_weights(tmp_path / "full/run/checkpoints/last.ckpt"),
         model_weights(run_dir / "checkpoints/last.ckpt"),

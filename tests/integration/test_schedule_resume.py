@@ -72,6 +72,6 @@ def test_two_ranks_killed_after_a_phase_boundary_resume_bitwise(tmp_path, tiny_w
     rows = read_metrics(tmp_path / "full" / "run")
     web, books = (metric_by_step(rows, f"train/corpus_tokens/{n}") for n in ("web", "books"))
     per_step = 8 * 33  # 2 ranks x 4 samples of 33 corpus tokens (seq_len 32 + 1)
-    assert sorted(web) == list(range(STEPS)) and all(web[s] + books[s] == (s + 1) * per_step for s in web)
-    assert web[0] == 6 * 33  # step 0 weighs web 0.8: 6.4 -> 6 of 8 samples
-    assert web[STEPS - 1] == web[5]  # steps 6 and 7 read books only
+    assert sorted(web) == list(range(1, STEPS + 1)) and all(web[s] + books[s] == s * per_step for s in web)
+    assert web[1] == 6 * 33  # step 1 weighs web 0.8: 6.4 -> 6 of 8 samples
+    assert web[STEPS] == web[6]  # steps 7 and 8 read books only

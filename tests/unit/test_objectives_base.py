@@ -70,6 +70,24 @@ def test_build_rejects_unknown_names_and_options():
         objectives.build("ul2", tok)
 
 
+def test_the_options_checked_without_torch_are_the_objectives_signatures():
+    """``pretrain.objectives.options`` (what a config check reads, torch-free) lists each objective's keyword
+    arguments with their defaults and type hints (``Any`` where the hint names an array type)."""
+    import inspect
+    import typing
+
+    from pretrain.objectives.options import OPTIONS
+
+    assert set(OPTIONS) == set(objectives.OBJECTIVES)
+    for name, cls in objectives.OBJECTIVES.items():
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[2:]
+        assert list(OPTIONS[name]) == [p.name for p in parameters], name
+        assert [d for _, d in OPTIONS[name].values()] == [p.default for p in parameters], name
+        hints = typing.get_type_hints(cls.__init__)
+        typed = [k for k, (tp, _) in OPTIONS[name].items() if tp is not typing.Any]
+        assert {k: OPTIONS[name][k][0] for k in typed} == {k: hints[k] for k in typed}, name
+
+
 @pytest.mark.parametrize(
     ("key", "fits", "misfits"),
     [
