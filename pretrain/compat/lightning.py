@@ -459,7 +459,13 @@ class PerModuleSharding(ModelParallelStrategy):
 
         tensors = dcp_state(checkpoint, self.optimizers, self.lightning_module)
         if self.async_writer is not None:
-            self.async_writer.save(tensors, checkpoint, self.broadcast(str(filepath)), distributed=True)
+            self.async_writer.save(
+                tensors,
+                checkpoint,
+                self.broadcast(str(filepath)),
+                distributed=True,
+                optimizers=self.optimizers,
+            )
             return None
         import torch.distributed.checkpoint as torch_dcp
 

@@ -226,3 +226,67 @@ def test_the_plan_splits_heads_and_matches_one_process_with_gqa_qk_norm_and_sequ
         assert torch.equal(checkpointed["block"][2], checkpointed["block"][0])
     assert torch.equal(masks0[0]["embed"][0], masks1[0]["embed"][0])  # replicated activations: one mask
     assert not torch.equal(masks0[0]["block"][0], masks1[0]["block"][0])  # a rank's sequence slice: its own
+
+
+# ------------------------------------------------------------------------------- what reads their checkpoints
+def last_checkpoint(root: Path, cell: str) -> Path:
+    return root / cell / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.slow
+def test_every_cells_checkpoint_holds_its_final_weights(trained):
+    """Each TP / CP run's ``last.ckpt`` (DCP shards of DTensors over the dp x cp x tp mesh), read whole in one
+    process as validate, export and evaluate read it (``load_model``), holds the run's final weights exactly, and so
+    one process's (the cells' weights match their references' to 1e-5 above)."""
+    from pretrain.training.checkpoint import kind, load_model
+
+    for cell in CELLS:
+        ckpt = last_checkpoint(trained, cell)
+        assert kind(ckpt) == "dcp", cell
+        model = load_model(ckpt)[0]
+        weights = torch.load(trained / "out" / f"{cell}.pt", weights_only=True)["weights"]
+        ours = dict(model.named_parameters())
+        assert ours.keys() == weights.keys(), cell
+        for name, tensor in weights.items():
+            assert torch.equal(ours[name].detach(), tensor), (cell, name)
+
+
+@pytest.mark.slow
+def test_validate_export_and_evaluate_read_a_tp_and_cp_checkpoint(trained, tmp_path, capsys):
+    """The cp2 x tp2 GPT run's checkpoint in one process: ``pretrain validate`` gives the run's own last validation
+    loss (its one data-parallel rank read the batches one process reads), ``pretrain export`` writes a transformers
+    model with our logits, and ``pretrain evaluate`` scores it."""
+    import transformers
+
+    from pretrain.cli import main
+    from pretrain.training.checkpoint import load_model
+
+    cell = "gpt-cp2-tp2"
+    recipe = next((trained / cell).glob("*.yaml"))
+    ckpt = last_checkpoint(trained, cell)
+    one = [
+        "strategy.name=auto",
+        "strategy.tensor_parallel=1",
+        "strategy.context_parallel=1",
+        "trainer.devices=1",
+    ]
+    assert main(["validate", str(recipe), "--ckpt", str(ckpt), *CELLS[cell][2], *one]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("val/loss"))
+    logged = metrics(trained, cell, "val/loss")
+    logged = logged[max(logged)]  # the last validation's
+    assert float(line.split(":")[1]) == pytest.approx(logged, rel=1e-4)
+
+    assert main(["export", str(ckpt), str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ours = load_model(ckpt)[0]
+    ids = torch.arange(5, 25)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+
+    items = [{"query": "ROMEO:", "choices": [" What", " zzz"], "gold": 0}]
+    (tmp_path / "tiny.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
+    task = tmp_path / "tiny.yaml"
+    task.write_text(f"name: tiny\ntype: multiple_choice\npath: {tmp_path / 'tiny.jsonl'}\nnum_fewshot: 0\n")
+    out = tmp_path / "results.json"
+    assert main(["evaluate", str(ckpt), "--tasks", str(task), "--device", "cpu", "--output", str(out)]) == 0
+    assert 0.0 <= json.loads(out.read_text())["results"]["tiny"]["metrics"]["acc"] <= 1.0

@@ -21,7 +21,8 @@ and decides on the device -- a step that does not log never waits for it (``host
   data position is not rewound. Optionally the learning rate is scaled for a while.
 
 Snapshots are host-memory copies of the parameters, buffers and optimizer state, taken at train start, at every
-checkpoint and every ``snapshot_every`` steps, and only while no anomaly is running. The guard's state (loss
+checkpoint and every ``snapshot_every`` steps, and only while no anomaly is running; the copy runs in a thread
+while the next forward and backward pass run, and the next optimizer step waits for it. The guard's state (loss
 history, streaks, events with the skipped sample positions) is saved in every checkpoint; the snapshot too when
 it is older than the checkpoint, so a resumed run makes the same decisions as an uninterrupted one.
 
@@ -40,6 +41,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,9 @@ class StepGuard(Callback):
         # (step, data position, verdict) of the step being decided
         self._pending: tuple[int, tuple[int, int], DeferredRead] | None = None
         self._lr_scaled: list[tuple[float, float]] | None = None
+        self._copier: ThreadPoolExecutor | None = None  # the snapshot's copy (``_take_snapshot``)
+        self._copying: Future | None = None
+        self._hooked: set[int] = set()
 
     # ------------------------------------------------------------------------------------------ state
     @property
@@ -128,6 +133,7 @@ class StepGuard(Callback):
             "lr_steps_left": self.lr_steps_left,
             "events": list(self.events),
         }
+        self._settle()
         if (
             self.snapshot is not None
             and trainer is not None
@@ -142,6 +148,7 @@ class StepGuard(Callback):
         for key in ("spike_streak", "nonfinite_streak", "nonfinite_steps", "rollbacks", "lr_steps_left"):
             setattr(self, key, int(state[key]))
         self.events = list(state["events"])
+        self._settle()
         self.snapshot = state.get("snapshot")
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -259,20 +266,54 @@ class StepGuard(Callback):
             p.grad = None
 
     def _take_snapshot(self, trainer: L.Trainer, force: bool = False) -> None:
-        """Copy the weights, buffers, optimizer state and data position -- unless an anomaly is running."""
+        """Copy the weights, buffers, optimizer state and data position -- unless an anomaly is running. The
+        copy runs in a thread of its own while the next forward and backward pass run (they only read what it
+        copies); the next optimizer step waits for it (``_settle``), as does anything that reads the snapshot."""
         if not force and (self.spike_streak or self.nonfinite_streak):
             return
         if self.snapshot is not None and self.snapshot["step"] == trainer.global_step:
             return
-        module = trainer.lightning_module
+        self._settle()
         old = self.snapshot or {}
         previous = list(old.get("optimizers", [])) + [None] * len(trainer.optimizers)
-        self.snapshot = {
-            "step": trainer.global_step,
-            "model": _cpu_copy(_local_tensors(module), old.get("model")),
-            "optimizers": [_cpu_copy(opt.state_dict(), p) for opt, p in zip(trainer.optimizers, previous)],
-            "position": _data_position(trainer),
-        }
+        model = _local_tensors(trainer.lightning_module)
+        optimizers = [opt.state_dict() for opt in trainer.optimizers]
+
+        def copy() -> dict[str, Any]:
+            return {
+                "model": _cpu_copy(model, old.get("model")),
+                "optimizers": [_cpu_copy(state, p) for state, p in zip(optimizers, previous)],
+            }
+
+        self.snapshot = {"step": trainer.global_step, "position": _data_position(trainer)}
+        if not self._copies_in_background(trainer):
+            self.snapshot.update(copy())
+            return
+        if self._copier is None:
+            self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-guard-snapshot")
+        self._copying = self._copier.submit(copy)
+
+    def _copies_in_background(self, trainer: L.Trainer) -> bool:
+        """Whether every optimizer is a ``torch.optim.Optimizer`` (its step pre-hook then waits for the copy);
+        DeepSpeed updates inside its engine: copied on the training thread."""
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        if isinstance(trainer.strategy, DeepSpeedStrategy) or not all(
+            isinstance(opt, torch.optim.Optimizer) for opt in trainer.optimizers
+        ):
+            return False
+        for opt in trainer.optimizers:
+            if id(opt) not in self._hooked:
+                self._hooked.add(id(opt))
+                opt.register_step_pre_hook(lambda *_: self._settle())
+        return True
+
+    def _settle(self) -> None:
+        """Wait for the snapshot's copy in flight, if any (training thread)."""
+        copying, self._copying = self._copying, None
+        if copying is not None:
+            assert self.snapshot is not None
+            self.snapshot.update(copying.result())
 
     def _rollback(
         self,
@@ -289,6 +330,7 @@ class StepGuard(Callback):
                 f"step {step}: {reason} after {self.rollbacks} rollbacks (guards.max_rollbacks); the run cannot "
                 f"recover by itself -- lower optim.lr, check the data, or raise guards.max_rollbacks"
             )
+        self._settle()
         assert self.snapshot is not None
         snap = self.snapshot
         with torch.no_grad(), allowed():
