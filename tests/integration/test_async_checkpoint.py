@@ -93,7 +93,7 @@ def test_the_update_after_a_save_waits_for_its_copy_and_the_write_puts_itself_in
     (``wait`` only joins it)."""
     import torch
 
-    from pretrain.training.checkpoint import dcp
+    from pretrain.checkpoint import dcp
 
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.AdamW(model.parameters())
