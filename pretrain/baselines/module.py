@@ -14,7 +14,7 @@ from pretrain.errors import InputError
 from pretrain.objectives.base import Objective
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.optim import build_optimizer, build_scheduler
-from pretrain.training.step import FreeGradientsAfterStep, StepLoss
+from pretrain.training.step import FreeGradientsAfterStep, StepLoss, starts_step
 
 
 class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
@@ -51,7 +51,7 @@ class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
         sums = self.sums(batch, training=True)
         k, step = self.trainer.accumulate_grad_batches, self.step_loss
         assert step is not None
-        if batch_idx % k == 0:
+        if starts_step(batch_idx, k):
             step.begin(torch.tensor(k, device=self.device))
         metrics = self._metrics({k: v.detach().float() for k, v in sums.items()})
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False)

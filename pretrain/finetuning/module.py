@@ -21,7 +21,7 @@ from pretrain.models.heads import Packing, TaskModel
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX
 from pretrain.optim import param_groups
-from pretrain.training.step import FreeGradientsAfterStep, StepLoss
+from pretrain.training.step import FreeGradientsAfterStep, StepLoss, starts_step
 
 
 def finetune_optimizer(
@@ -92,7 +92,7 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
         guards (``StepLoss.add_mean``); return what it backpropagates."""
         k, step = self.trainer.accumulate_grad_batches, self.step_loss
         assert step is not None
-        if batch_idx % k == 0:
+        if starts_step(batch_idx, k):
             step.begin(torch.tensor(k, device=mean.device))
         return step.add_mean(mean)
 

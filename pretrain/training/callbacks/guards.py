@@ -54,7 +54,7 @@ from torch import Tensor
 
 from pretrain.config.run import GuardsConfig, HangGuardConfig
 from pretrain.training.callbacks.host_sync import DeferredRead, allowed
-from pretrain.training.step import StepLoss
+from pretrain.training.step import StepLoss, ends_step, starts_step
 
 
 def _cpu_copy(obj: Any, into: Any = None) -> Any:
@@ -164,7 +164,9 @@ class StepGuard(Callback):
     ) -> None:
         """A module without a ``StepLoss`` (finetuning) is guarded by the loss it backpropagates: a constant
         multiple of its step loss, which is all the spike test and the non-finite check need."""
-        if getattr(pl_module, "step_loss", None) is None and idx % trainer.accumulate_grad_batches == 0:
+        if getattr(pl_module, "step_loss", None) is None and starts_step(
+            idx, trainer.accumulate_grad_batches
+        ):
             self._backward_loss = StepLoss(trainer.accumulate_grad_batches, 1, lambda t: t, twice=False)
             self._backward_loss.begin(torch.full((), trainer.world_size, device=pl_module.device))
 
@@ -218,7 +220,7 @@ class StepGuard(Callback):
             del optimizer.found_inf
         self._resolve(trainer, pl_module)
         every = self.config.snapshot_every
-        if (idx + 1) % trainer.accumulate_grad_batches == 0 and every and trainer.global_step % every == 0:
+        if ends_step(idx, trainer.accumulate_grad_batches) and every and trainer.global_step % every == 0:
             with allowed():  # a copy of every weight to the host
                 self._take_snapshot(trainer)
 

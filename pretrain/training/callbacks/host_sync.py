@@ -32,6 +32,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from pretrain.training.step import starts_step
+
 SyncCheckMode = Literal["off", "warn", "error"]
 
 # torch functions that read a tensor's values on the host, or whose output shape depends on them
@@ -187,7 +189,7 @@ class SyncCheck(Callback):
 
         if should_update_logs(trainer):  # a logging step may read its metrics back
             return
-        self.checked_steps += batch_idx % trainer.accumulate_grad_batches == 0
+        self.checked_steps += starts_step(batch_idx, trainer.accumulate_grad_batches)
         if self._cuda:
             torch.cuda.set_sync_debug_mode(self.mode)
         self._window = HostReadMode(self.mode, trainer.global_step)

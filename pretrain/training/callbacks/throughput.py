@@ -47,6 +47,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from pretrain.compat import lightning as lightning_compat
 from pretrain.parallel.mesh import data_parallel_position
+from pretrain.training.step import ends_step
 
 MFU_CONVENTION = "6N + 12*L*d*T FLOPs per token (torchtitan; no causal halving) / dense peak"
 # Lightning's ``Throughput`` names -> names that say what they are (logged under ``train/``): cumulative counts
@@ -211,8 +212,9 @@ class PeakThroughputMonitor(Callback):
         totals[2] += self.length_fn(batch)
         flops = pl_module.flops_per_batch  # None where the module counts none (some baselines): no MFU logged
         self._pending.append((mark, *totals, None if flops is None else float(flops)))
-        step_ends = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
-        if step_ends and lightning_compat.should_update_logs(trainer):
+        if ends_step(batch_idx, trainer.accumulate_grad_batches) and lightning_compat.should_update_logs(
+            trainer
+        ):
             self._flush()
             assert self.throughput is not None
             metrics = {f"train/{NAMES.get(k, k)}": v for k, v in self.throughput.compute().items()}
