@@ -36,7 +36,6 @@ autotuning; the GPU check compares the plan with ``torch.cuda.max_memory_allocat
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import re
 from dataclasses import dataclass, replace
@@ -45,7 +44,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from pretrain import config
 from pretrain.config import RunConfig
 from pretrain.errors import InputError
 
@@ -150,7 +148,7 @@ def train_step(
 def build(run: RunConfig, checkpointing: bool, mesh: Any = None) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The recipe's model and optimizer; with a device ``mesh``, the model sharded by :func:`shard` first."""
     from pretrain.models.transformer import Transformer
-    from pretrain.training.optim import build_optimizer
+    from pretrain.optim import build_optimizer
 
     dtype = torch.get_default_dtype()
     # bf16-true: made in bf16, as ``.to(torch.bfloat16)`` would make it (which cannot swap fake parameters)
@@ -193,13 +191,8 @@ def trace(
     parameters FSDP2 holds at the peak (all-gather outputs of the current and the prefetched unit). ``tp`` /
     ``cp`` > 1: the run's whole parallelism on the mesh dp x cp x tp of those ranks (module docstring), rank 0
     holding its ``micro_batch`` x seq_len / ``cp`` positions."""
+    from pretrain.compat.memory import fake_mode, fake_process_group, meshes_outside_fake_mode, trace_peak
     from pretrain.parallel.mesh import ParallelDims
-    from pretrain.training.memory_compat import (
-        fake_mode,
-        fake_process_group,
-        meshes_outside_fake_mode,
-        trace_peak,
-    )
 
     batch = synthetic_batch(run, micro_batch, cp)  # real (small) integer tensors, made outside the fake mode
     group = fake_process_group(gpus) if gpus > 1 else contextlib.nullcontext()
@@ -359,19 +352,6 @@ def format_table(rows: list[PlanRow], run: RunConfig, gpus: int, gpu_memory: int
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", help="recipe YAML, e.g. recipes/gpt2-124m.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. data.micro_batch_size=16")
-    p.add_argument("--gpus", type=int, default=8, help="ranks in all (default 8): dp x cp x tp")
-    p.add_argument("--gpu-memory", default="80GiB", help="memory of one GPU (default 80GiB)")
-    p.add_argument("--tp", type=int, default=None,
-                   help="tensor-parallel ranks: adds a row of FSDP2 x TP (default: the recipe's "
-                        "strategy.tensor_parallel)")  # fmt: skip
-    p.add_argument("--cp", type=int, default=None,
-                   help="context-parallel ranks: adds a row of FSDP2 x CP (default: the recipe's "
-                        "strategy.context_parallel)")  # fmt: skip
-
-
 def with_layout(run: RunConfig, gpus: int, tp: int, cp: int) -> RunConfig:
     """``run`` with tensor parallelism ``tp`` and context parallelism ``cp`` on ``gpus`` ranks of FSDP2, as
     :func:`plan` traces it; ``InputError`` in one line for a layout training would refuse
@@ -400,19 +380,6 @@ def with_layout(run: RunConfig, gpus: int, tp: int, cp: int) -> RunConfig:
     if problems := parallel_problems(cell):
         raise InputError(problems[0])
     return cell
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    if args.gpus < 1:
-        raise InputError(f"--gpus must be >= 1, got {args.gpus}")
-    memory = parse_bytes(args.gpu_memory)
-    run, _ = config.load(args.recipe, args.overrides)
-    run = replace(run, trainer=replace(run.trainer, compile=False, float8=False))  # eager shapes
-    tp = run.strategy.tensor_parallel if args.tp is None else args.tp
-    cp = run.strategy.context_parallel if args.cp is None else args.cp
-    run = with_layout(run, args.gpus, tp, cp)
-    print(format_table(plan(run, args.gpus, memory), run, args.gpus, memory))
-    return 0
 
 
 def summary(rows: list[PlanRow]) -> dict[str, Any]:

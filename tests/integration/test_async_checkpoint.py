@@ -4,6 +4,7 @@ in ``test_reshard.py``'s launch.
 
 - a save still in flight when the fit ends, or when a stop signal ends it, is finished before the process exits;
 - at most one save is in flight: a save starts only once the previous one is in place;
+- the update after a save waits for the copy of its state (taken off the training thread), not for the write;
 - SIGKILL while a write is in flight leaves the previous checkpoint, valid, and ``resume=auto`` continues from it
   exactly as an uninterrupted run (losses equal).
 """
@@ -20,10 +21,10 @@ import time
 import pytest
 from training_utils import REPO_ROOT, cli_env, launch_losses, metric_by_step, read_metrics, tiny_recipe
 
+from pretrain.checkpoint import is_valid, kind
+from pretrain.checkpoint.async_save import AsyncCheckpointWriter
+from pretrain.checkpoint.resume import checkpoint_step
 from pretrain.cli import main
-from pretrain.training.checkpoint import is_valid, kind
-from pretrain.training.checkpoint.async_save import AsyncCheckpointWriter
-from pretrain.training.checkpoint.resume import checkpoint_step
 
 STEPS = 8
 KILL_WORKER = REPO_ROOT / "tests" / "integration" / "async_kill_worker.py"
@@ -84,6 +85,36 @@ def test_pending_save_is_finished_before_the_fit_returns_and_one_at_a_time(tmp_p
     assert checkpoint_step(last) == STEPS and is_valid(last)  # the final save was still sleeping at the end
     assert slow_writes["done"] == list(range(1, STEPS + 1)) and slow_writes["most"] == 1
     assert leftovers(tmp_path / "run") == []
+
+
+def test_the_update_after_a_save_waits_for_its_copy_and_the_write_puts_itself_in_place(tmp_path):
+    """The save returns before its state is copied; the next optimizer step waits for the copy, so the checkpoint
+    holds the weights of the save even though the update follows at once; the writer's thread puts it in place
+    (``wait`` only joins it)."""
+    import torch
+
+    from pretrain.checkpoint import dcp
+
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters())
+    writer = AsyncCheckpointWriter()
+    saved = model.weight.detach().clone()
+    last = tmp_path / "last.ckpt"
+    writer.save(
+        {"state_dict": model.state_dict()},
+        {"global_step": 1},
+        last,
+        distributed=False,
+        optimizers=[optimizer],
+    )
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(model.weight.detach(), saved)
+    pending = writer._pending
+    pending.result()  # the background write, not joined by the writer
+    assert checkpoint_step(last) == 1 and is_valid(last)
+    assert torch.equal(dcp.read(last)["state_dict"]["weight"], saved)
+    writer.close()
 
 
 def start_worker(path, run_dir, *args):
@@ -152,7 +183,7 @@ def test_a_file_system_that_cannot_exchange_names_atomically_is_refused_in_one_l
     at every save: refused before training, nothing written."""
     from training_utils import one_error_line
 
-    from pretrain.datamodules.storage import exchanges_atomically
+    from pretrain.io import exchanges_atomically
 
     assert exchanges_atomically(tmp_path / "probe")  # this test's own file system can
     storage = sys.modules[exchanges_atomically.__module__]
