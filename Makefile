@@ -32,6 +32,7 @@ demo: install
 TEST_WORKERS ?= 2
 
 test: install
+	$(PYTHON) -m mypy  # pretrain/ as pyproject.toml's [tool.mypy] says (cold: ~55 s on 2 cores)
 	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: install

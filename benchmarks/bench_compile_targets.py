@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+from pretrain.compat.compile import CompileCounts, mark_dynamic
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.compile_compat import CompileCounts, mark_dynamic
 
 
 def batches(n: int, b: int, t: int, vocab: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

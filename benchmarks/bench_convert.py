@@ -87,7 +87,7 @@ def write_rank(out: str, seed: int) -> None:
     state["optimizer_0"] = {"state": moments, "param_groups": groups}
     dcp.save(state, checkpoint_id=out)
     if rank == 0:
-        from pretrain.training.checkpoint.io import METADATA, PAYLOAD
+        from pretrain.checkpoint.io import METADATA, PAYLOAD
 
         model = {
             "arch": "decoder",
@@ -113,9 +113,9 @@ def measure(task: str, *args: str) -> dict:
 def task(name: str, args: list[str]) -> None:
     import time
 
-    from pretrain.training.checkpoint import dcp
-    from pretrain.training.checkpoint.convert import consolidate, full_checkpoint
-    from pretrain.training.checkpoint.merge import merge
+    from pretrain.checkpoint import dcp
+    from pretrain.checkpoint.convert import consolidate, full_checkpoint
+    from pretrain.checkpoint.merge import merge
 
     start = time.perf_counter()
     if name == "overhead":
@@ -123,7 +123,7 @@ def task(name: str, args: list[str]) -> None:
     elif name == "streaming":
         consolidate(args[0], args[1])
     elif name == "whole":  # the consolidation this replaces: every tensor in memory, then one write
-        from pretrain.training.checkpoint.io import AtomicCheckpointIO
+        from pretrain.checkpoint.io import AtomicCheckpointIO
 
         AtomicCheckpointIO().save_checkpoint(full_checkpoint(args[0]), args[1])
     elif name == "merge":

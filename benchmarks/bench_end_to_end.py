@@ -7,7 +7,7 @@ prepared split of the ``gpt-tiny`` recipe), with the same batch (``--batch`` x `
 validation pass of 8 batches every ``--eval-every`` steps and a log line every 10 steps:
 
 * ``pretrain``: ``pretrain fit recipes/gpt-tiny.yaml`` in-process (``prepare_run`` + ``build_trainer``, as
-  ``cmd_fit``; CSV logger, throughput monitor, checkpoint callbacks; W&B off).
+  ``pretrain.cli.fit``; CSV logger, throughput monitor, checkpoint callbacks; W&B off).
 * ``nanogpt``: nanoGPT's ``train.py`` loop (random-offset batches from the token array, its AdamW groups and
   ``get_lr``, ``estimate_loss`` on val) over ``transformers.GPT2LMHeadModel`` (SDPA attention, GPT-2's tanh
   GELU as ``gelu_pytorch_tanh``: one ATen op; ``gelu_new`` spells the same function in 8 ops, 1.3x slower).

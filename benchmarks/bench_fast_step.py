@@ -24,7 +24,7 @@ from bench_time_to_loss import FAST_MODEL
 from pretrain.config.run import MuonConfig, OptimConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.optim import build_optimizer
+from pretrain.optim import build_optimizer
 
 STANDARD = {
     "arch": "decoder",

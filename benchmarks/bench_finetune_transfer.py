@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from pretrain import cli
+from pretrain.checkpoint import payload
 from pretrain.datamodules.finetune import read_table
 from pretrain.finetuning.config import load_config
 from pretrain.finetuning.run import run
 from pretrain.models.config import ModelConfig
-from pretrain.training.checkpoint import payload
 
 REPO = Path(__file__).resolve().parents[1]
 

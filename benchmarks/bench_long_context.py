@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
+from pretrain.checkpoint import load_model
 from pretrain.datamodules.tokenizer import resolve_eos
 from pretrain.evaluation.context_length import position_losses, text_tokens
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.checkpoint import load_model
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 BASE, YARN = RECIPES / "long-context-base.yaml", RECIPES / "long-context-yarn.yaml"

@@ -56,9 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from pretrain.training.checkpoint.convert import load_model
-    from pretrain.training.checkpoint.io import read
-    from pretrain.training.checkpoint.merge import merge
+    from pretrain.checkpoint.convert import load_model
+    from pretrain.checkpoint.io import read
+    from pretrain.checkpoint.merge import merge
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)

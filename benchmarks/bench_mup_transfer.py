@@ -9,7 +9,7 @@ Corpus: WikiText-2 from the shared data (``lm/wikitext-2``): a byte-level BPE of
 (``pretrain.datamodules.tokenizer.train_bpe``) trained on ``valid.txt``, which also trains; ``test.txt`` scores.
 Without the shared data the benchmark says so and exits 0. Each run: the backbone
 (``pretrain.models.transformer``, ``--layers`` pre-norm GPT-2 blocks, head dim 32, untied head) and the run's
-optimizer (``pretrain.training.optim.build_optimizer``, AdamW, weight decay 0), ``--steps`` steps of random
+optimizer (``pretrain.optim.build_optimizer``, AdamW, weight decay 0), ``--steps`` steps of random
 ``--context``-token windows, batch ``--batch``, linear warmup over 10 % then linear decay to 0, clipping at 1;
 the score is the held-out loss (nats/token) over 128 fixed windows. The learning rates of a width run in
 increasing order and stop once ``--rise`` of them past the best were worse (the minimum is bracketed; not run:
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from pretrain.config import OptimConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.optim import build_optimizer
+from pretrain.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -1,5 +1,5 @@
 """Per-rank memory under tensor and context parallelism (issue 28 goal 4), measured on 2 real gloo ranks with torch's
-``MemTracker`` as ``pretrain plan`` uses it (``pretrain.training.memory_compat``):
+``MemTracker`` as ``pretrain plan`` uses it (``pretrain.compat.memory``):
 
 - TP: parameters + gradients + optimizer state (AdamW, the project's ``build_optimizer``) per rank of a small
   Llama-style decoder split by its tensor-parallel plan over 2 ranks, against the same model in one process: the
@@ -27,14 +27,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
+from pretrain.compat.memory import held_state, trace_peak
 from pretrain.config.run import OptimConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import token_cross_entropy
+from pretrain.optim import build_optimizer
 from pretrain.parallel.context import SequenceShard, apply_context_parallel
 from pretrain.parallel.tensor import apply_tensor_parallel, vocabulary_parallel
-from pretrain.training.memory_compat import held_state, trace_peak
-from pretrain.training.optim import build_optimizer
 
 LLAMA = {"norm": "rmsnorm", "norm_bias": False, "position": "rope", "activation": "swiglu",
          "attn_bias": False, "mlp_bias": False}  # fmt: skip

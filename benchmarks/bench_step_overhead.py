@@ -89,7 +89,7 @@ def plain_startup(work: Path) -> None:
     from pretrain import config
     from pretrain.datamodules.tokenizer import load_tokenizer
     from pretrain.models.transformer import Transformer
-    from pretrain.training.optim import build_optimizer
+    from pretrain.optim import build_optimizer
     from pretrain.training.setup import build_data, build_objective
 
     run, _ = config.load(RECIPE, overrides(work, "plain-startup", 1))

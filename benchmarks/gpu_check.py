@@ -24,7 +24,7 @@ d=64):
   profile's micro-batch against ``torch.cuda.max_memory_allocated`` of a few real steps (within 15 %).
 
 The train leg runs with ``trainer.sync_check=error`` (no host-device sync on a step that does not log) and
-reports MFU with the tested dense peak of ``pretrain.training.throughput`` (its FLOP convention and peak in
+reports MFU with the tested dense peak of ``pretrain.training.callbacks.throughput`` (its FLOP convention and peak in
 the result).
 
 Bootstrap: the repository goes on ``PYTHONPATH`` of every child process; modules the machine lacks (omegaconf,
@@ -265,7 +265,7 @@ def peak_used() -> dict:
     """The device, the dense bf16 peak MFU divides by (the tested table) and the FLOP convention."""
     import torch
 
-    from pretrain.training.throughput import MFU_CONVENTION, peak_for
+    from pretrain.training.callbacks.throughput import MFU_CONVENTION, peak_for
 
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"device_name": name, "peak_bf16_flops": peak_for(name, "bf16"), "mfu_convention": MFU_CONVENTION}
@@ -372,7 +372,7 @@ def leg_resume(work: Path, profile: dict, strategy: str) -> dict:
 
     import transformers
 
-    from pretrain.training.checkpoint import load_model
+    from pretrain.checkpoint import load_model
 
     ours, _, _ = load_model(checkpoint)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()

@@ -10,7 +10,7 @@ import resource
 import time
 from pathlib import Path
 
-from pretrain.training import lightning_compat  # noqa: F401  (first: Lightning imported as pretrain fit does)
+from pretrain.compat import lightning as lightning_compat  # noqa: F401  (first: Lightning imported as pretrain fit does)
 
 # isort: split
 import lightning
@@ -18,8 +18,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from pretrain import config
+from pretrain.optim import build_optimizer, build_scheduler
 from pretrain.training.module import STEP_TARGETS
-from pretrain.training.optim import build_optimizer, build_scheduler
 from pretrain.training.setup import build_data, prepare_run
 from pretrain.training.step import FreeGradientsAfterStep
 from pretrain.training.trainer import build_loggers, build_trainer

@@ -70,8 +70,8 @@ from pretrain.datamodules.prepare import (
     reuse_or_clear,
     text_digest,
 )
-from pretrain.datamodules.storage import atomic_write_text, exclusive, replace_path
 from pretrain.errors import InputError
+from pretrain.io import atomic_write_text, exclusive, replace_path
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

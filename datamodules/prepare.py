@@ -61,9 +61,9 @@ from pretrain.datamodules.corpus import (
 )
 from pretrain.datamodules.hashing import splitmix64
 from pretrain.datamodules.indexed import IndexedDataset, IndexedWriter, token_dtype
-from pretrain.datamodules.storage import atomic_write_text, exclusive, naming, replace_path
 from pretrain.datamodules.tokenizer import load_tokenizer, resolve_eos, text_encoder
 from pretrain.errors import InputError
+from pretrain.io import atomic_write_text, exclusive, naming, replace_path
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -33,8 +33,8 @@ from tokenizers import AddedToken, Encoding, Tokenizer, decoders, models, pre_to
 
 from pretrain.datamodules.corpus import batched, iter_documents, resolve_sources
 from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS, all_special_tokens, special_token_id
-from pretrain.datamodules.storage import atomic_write_text
 from pretrain.errors import InputError
+from pretrain.io import atomic_write_text
 
 NUM_BYTES = 256
 _GPT2_SPECIAL = re.compile(r"^<\|[a-z_]+\|>$")  # GPT-2 style specials in a vocab.json: <|endoftext|>

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from pretrain.cli import main
-from pretrain.training.ema import EMA
+from pretrain.training.callbacks.ema import EMA
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",

@@ -27,10 +27,10 @@ def measure(run, strategy: str, world: int) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
+    from pretrain.compat.memory import trace_peak
     from pretrain.objectives.loss import token_cross_entropy
+    from pretrain.optim import build_optimizer
     from pretrain.training import plan
-    from pretrain.training.memory_compat import trace_peak
-    from pretrain.training.optim import build_optimizer
     from pretrain.training.strategies import deepspeed_config
 
     torch.manual_seed(0)

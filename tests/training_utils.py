@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.training.checkpoint import read
+from pretrain.checkpoint import read
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from pretrain.datamodules.storage import atomic_write
+from pretrain.io import atomic_write
 from pretrain.models.rnn import Seq2SeqRNN
 
 

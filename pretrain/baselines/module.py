@@ -13,13 +13,13 @@ from pretrain.config import OptimConfig, RunConfig
 from pretrain.errors import InputError
 from pretrain.objectives.base import Objective
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
-from pretrain.training.optim import build_optimizer, build_scheduler
-from pretrain.training.step import FreeGradientsAfterStep, StepLoss
+from pretrain.optim import build_optimizer, build_scheduler
+from pretrain.training.step import FreeGradientsAfterStep, StepLoss, starts_step
 
 
 class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
     """A model and a loss giving summable ``loss_sum``, ``num_targets`` (and ``num_correct``) per batch; the mean
-    loss of each batch is minimised with the run's AdamW + schedule (``pretrain.training.optim``). Logs ``train/*`` and
+    loss of each batch is minimised with the run's AdamW + schedule (``pretrain.optim``). Logs ``train/*`` and
     ``val/*`` (loss, accuracy, perplexity for token-prediction models)."""
 
     reports_perplexity = False
@@ -33,7 +33,7 @@ class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
         self.step_loss: StepLoss | None = None  # the running optimizer step's loss (read by the guards)
 
     def on_train_start(self) -> None:
-        from pretrain.training.lightning_compat import engine_divides_by_accumulation
+        from pretrain.compat.lightning import engine_divides_by_accumulation
 
         world = self.trainer.world_size
         reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
@@ -51,7 +51,7 @@ class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
         sums = self.sums(batch, training=True)
         k, step = self.trainer.accumulate_grad_batches, self.step_loss
         assert step is not None
-        if batch_idx % k == 0:
+        if starts_step(batch_idx, k):
             step.begin(torch.tensor(k, device=self.device))
         metrics = self._metrics({k: v.detach().float() for k, v in sums.items()})
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False)
@@ -90,7 +90,7 @@ def fit(
     ``run.resume`` says (``auto``: the run's newest valid checkpoint). A resume restores weights, optimizer and
     step; the data position exactly where the datamodule keeps a state (SGNS's ``PretrainDataModule``), else the
     data order restarts at its beginning."""
-    from pretrain.training.checkpoint import read
+    from pretrain.checkpoint import read
     from pretrain.training.setup import resume_path
     from pretrain.training.trainer import build_trainer
 

@@ -11,8 +11,8 @@ from pretrain.baselines.config import load_config
 from pretrain.baselines.lstm_lm import run_rnn_lm
 from pretrain.baselines.seq2seq import run_seq2seq
 from pretrain.baselines.word_vectors import run_glove, run_sgns
-from pretrain.datamodules.storage import atomic_write_text
 from pretrain.errors import InputError
+from pretrain.io import atomic_write_text
 
 RUNS = {"sgns": run_sgns, "glove": run_glove, "rnn_lm": run_rnn_lm, "seq2seq": run_seq2seq}
 # baselines that read the token stream across document boundaries (a recurrent state, context windows)
@@ -34,7 +34,7 @@ def check_document_mask(run: Any, kind: str) -> None:
 
 def run_recipe(recipe: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train and evaluate a baseline recipe; returns (and writes to ``<run_dir>/results.json``) its results."""
-    from pretrain.datamodules.storage import run_lock
+    from pretrain.io import run_lock
 
     run, baseline, resolved = load_config(recipe, overrides)
     check_document_mask(run, baseline.kind)

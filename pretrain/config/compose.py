@@ -49,6 +49,7 @@ OVERRIDES_VARIABLE = "PRETRAIN_OVERRIDES"  # overrides appended to every recipe 
 SHARED_DATA_VARIABLE = "PRETRAIN_SHARED_DATA"  # where the shipped pieces' data paths point
 CONFIG_DIR = shipped_dir("configs")
 RECIPE_DIR = shipped_dir("recipes")
+TASK_DIR = CONFIG_DIR / "eval"  # evaluation tasks (``pretrain evaluate``, ``eval_during_fit``)
 SHIPPED = {"pretrain.configs": CONFIG_DIR, "pretrain.recipes": RECIPE_DIR}
 
 
@@ -407,3 +408,15 @@ def structured(cls: type, node: Any, path: str = "") -> Any:
         raise InputError(
             text.replace(f"{cls.__name__}.", f"{path}.") if named else f"{path or 'config'}: {text}"
         ) from err
+
+
+def resolve_task_file(name: str) -> Path:
+    """A task file path, or ``configs/eval/<name>.yaml``; the error lists the known names."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = TASK_DIR / f"{name}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"unknown task {name!r}: not a task file, and not one of {known} (configs/eval/)")

@@ -102,7 +102,7 @@ class DataConfig:
 @dataclass
 class MuonConfig:
     """``torch.optim.Muon`` settings for the hidden weight matrices when ``optim.name`` is ``muon``
-    (``pretrain.training.optim.param_groups`` lists the rule); the schedule scales this LR like AdamW's."""
+    (``pretrain.optim.param_groups`` lists the rule); the schedule scales this LR like AdamW's."""
 
     lr: float = 0.02
     momentum: float = 0.95
@@ -114,7 +114,7 @@ class MuonConfig:
     )
     # Newton-Schulz in bfloat16 (torch's own: fast on GPUs and CPUs with native bf16 matmuls) or float32 (CPUs
     # without, e.g. AVX2-only, where emulated bf16 matmuls are ~12x slower); auto picks by the parameters' device
-    # (pretrain.training.muon_compat)
+    # (pretrain.compat.muon)
     ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
 
 
@@ -349,7 +349,7 @@ class HangGuardConfig:
 
 @dataclass
 class GuardsConfig:
-    """Unattended runs (``pretrain.training.guards``). Rollbacks restore a host-memory copy of the weights and
+    """Unattended runs (``pretrain.training.callbacks.guards``). Rollbacks restore a host-memory copy of the weights and
     optimizer taken at train start, at every checkpoint and every ``snapshot_every`` steps (0: checkpoints only),
     always at a step with no anomaly running."""
 
@@ -363,7 +363,7 @@ class GuardsConfig:
 @dataclass
 class EvalDuringFitConfig:
     """In-context evaluation of the training model itself every ``every_n_steps`` optimizer steps
-    (``pretrain.training.in_loop_eval``; the task options of ``pretrain evaluate``); off while ``tasks`` is empty."""
+    (``pretrain.training.callbacks.in_loop_eval``; the task options of ``pretrain evaluate``); off while ``tasks`` is empty."""
 
     tasks: list[str] = field(default_factory=list)  # names in configs/eval/ or task YAML paths
     every_n_steps: int = 500
@@ -376,7 +376,7 @@ class EvalDuringFitConfig:
 
 @dataclass
 class EMAConfig:
-    """The weights' exponential moving average (``pretrain.training.ema``): off while ``decay`` is null."""
+    """The weights' exponential moving average (``pretrain.training.callbacks.ema``): off while ``decay`` is null."""
 
     decay: float | None = None  # in (0, 1): ema <- decay * ema + (1 - decay) * weights
     every_n_steps: int = 1  # optimizer steps between updates
@@ -750,7 +750,7 @@ def _guards_problems(g: GuardsConfig) -> list[str]:
 
 def _check_eval_during_fit(e: EvalDuringFitConfig) -> None:
     """Bounds, and every task name resolves to a task file (its data is read when the Trainer is built)."""
-    from pretrain.evaluation.config import resolve_task_file
+    from pretrain.config.compose import resolve_task_file
 
     for name, value, low in (
         ("every_n_steps", e.every_n_steps, 1),

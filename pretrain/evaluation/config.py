@@ -9,17 +9,14 @@ Tasks are names of ``configs/eval/<name>.yaml`` or paths to task files.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal
 
-from pretrain.config import CONFIG_DIR, apply_overrides, compose, structured
-from pretrain.config.compose import SHARED_DATA_VARIABLE, shared_data
+from pretrain.config import apply_overrides, compose, structured
+from pretrain.config.compose import SHARED_DATA_VARIABLE, TASK_DIR, resolve_task_file, shared_data
 from pretrain.errors import InputError
 
 from .prompts import DEFAULT_FEWSHOT_SEED
 from .tasks import TaskConfig, load_documents, load_examples, load_task
-
-TASK_DIR = CONFIG_DIR / "eval"
 
 
 @dataclass
@@ -44,18 +41,6 @@ class EvalConfig:
     log_samples: bool = False  # keep per-example records in the JSON
     wandb_project: str | None = None
     wandb_run_id: str | None = None  # log into this run (e.g. the training run; project default "pretrain")
-
-
-def resolve_task_file(name: str) -> Path:
-    """A task file path, or ``configs/eval/<name>.yaml``; the error lists the known names."""
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path
-    candidate = TASK_DIR / f"{name}.yaml"
-    if candidate.is_file():
-        return candidate
-    known = sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
-    raise FileNotFoundError(f"unknown task {name!r}: not a task file, and not one of {known} (configs/eval/)")
 
 
 def load_config(target: str, overrides: list[str], flags: dict[str, Any]) -> EvalConfig:

@@ -207,7 +207,7 @@ def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> tuple[Transformer,
 
 
 def _load_ckpt(path: Path, tokenizer: str | Path | None) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
-    from pretrain.training.checkpoint.convert import load_model as load_checkpoint
+    from pretrain.checkpoint.convert import load_model as load_checkpoint
 
     model, payload, tok = load_checkpoint(path)
     if tokenizer is not None:
@@ -225,7 +225,7 @@ def load_model_and_tokenizer(
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """(model, tokenizer, {"prefix_token", "eos_token", "special_tokens"}) from a .ckpt / run dir /
     transformers dir."""
-    from pretrain.training.checkpoint.resume import find_resume, is_valid
+    from pretrain.checkpoint.resume import find_resume, is_valid
 
     path = Path(checkpoint)
     if not path.exists():

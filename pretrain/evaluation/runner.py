@@ -10,7 +10,7 @@
      "samples": {task: [per-example records]}}      # with log_samples=True
 
 Log-likelihoods are computed by ``score`` (default ``scorer.loglikelihood_tokens``): a caller may shard the
-token requests over processes (``pretrain.training.in_loop_eval``) as long as it returns them in order.
+token requests over processes (``pretrain.training.callbacks.in_loop_eval``) as long as it returns them in order.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pretrain.datamodules.storage import atomic_write_text
 from pretrain.errors import InputError
+from pretrain.io import atomic_write_text
 
 from . import metrics as M
 from .config import EvalConfig, load_tasks

@@ -79,7 +79,7 @@ def load_backbone(init: InitConfig) -> tuple[Transformer, Tokenizer, dict[str, s
                         "pass init.tokenizer=PATH"
                     ) from None
         elif path.exists():
-            from pretrain.training.checkpoint.convert import load_model
+            from pretrain.checkpoint.convert import load_model
 
             model, info, tokenizer = load_model(path)
             roles = dict(info.get("config", {}).get("tokenizer", {}).get("special_tokens") or {})

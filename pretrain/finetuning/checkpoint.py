@@ -15,12 +15,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from pretrain.datamodules.storage import atomic_write
-from pretrain.finetuning.config import FinetuneConfig
-from pretrain.models.config import ModelConfig
-from pretrain.models.heads import TaskModel
-from pretrain.models.transformer import Transformer
-from pretrain.training.checkpoint.resume import (
+from pretrain.checkpoint.resume import (
     MISSING,
     Compared,
     at,
@@ -28,6 +23,11 @@ from pretrain.training.checkpoint.resume import (
     lr_schedule_values,
     optimizer_values,
 )
+from pretrain.finetuning.config import FinetuneConfig
+from pretrain.io import atomic_write
+from pretrain.models.config import ModelConfig
+from pretrain.models.heads import TaskModel
+from pretrain.models.transformer import Transformer
 
 
 def _lora(payload: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def finetune_payload(
     roles: dict[str, str],
     label_names: list[str] | None,
 ) -> dict[str, Any]:
-    """The run's section of every checkpoint (``pretrain.training.checkpoint.PAYLOAD``)."""
+    """The run's section of every checkpoint (``pretrain.checkpoint.PAYLOAD``)."""
     backbone = model.backbone if isinstance(model, TaskModel) else model
     return {
         "config": {"model": dataclasses.asdict(backbone.config), "tokenizer": {"special_tokens": roles}},
@@ -126,11 +126,11 @@ def finetune_payload(
 
 def save_finetuned(path: Path, checkpoint: Path) -> None:
     """``finetuned.pt`` from a finetuning run's checkpoint: a file, or a sharded FSDP / DeepSpeed directory
-    (consolidated with ``pretrain.training.checkpoint.consolidate``); LoRA adapters merged. The layout is a
+    (consolidated with ``pretrain.checkpoint.consolidate``); LoRA adapters merged. The layout is a
     `pretrain fit` checkpoint's (weights under ``model.``, our section): `pretrain export` reads a text-to-text
     one like a pretrained checkpoint."""
-    from pretrain.training.checkpoint import PAYLOAD, consolidate, read
-    from pretrain.training.checkpoint.convert import model_state
+    from pretrain.checkpoint import PAYLOAD, consolidate, read
+    from pretrain.checkpoint.convert import model_state
 
     with tempfile.TemporaryDirectory() as tmp:
         saved = read(consolidate(checkpoint, Path(tmp) / "consolidated.ckpt"))
@@ -171,8 +171,8 @@ def load_finetuned(path: str | Path) -> tuple[nn.Module, dict[str, Any], Tokeniz
     """``(model in eval mode, our section, tokenizer)`` of a ``finetuned.pt`` (``torch.load(weights_only=True)``;
     LoRA runs are saved merged: a plain model). The section holds ``finetune`` (the run's config),
     ``label_names``, ``num_outputs`` and the backbone's ``config``."""
-    from pretrain.training.checkpoint import PAYLOAD
-    from pretrain.training.checkpoint.convert import model_state
+    from pretrain.checkpoint import PAYLOAD
+    from pretrain.checkpoint.convert import model_state
 
     saved = torch.load(path, map_location="cpu", weights_only=True)
     info = saved[PAYLOAD]

@@ -12,6 +12,7 @@ import torchmetrics
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
+from pretrain.checkpoint.resume import apply_resume_changes, restart_schedules
 from pretrain.errors import InputError
 from pretrain.finetuning.config import FinetuneConfig
 from pretrain.finetuning.decoding import decode_targets
@@ -19,18 +20,17 @@ from pretrain.finetuning.metrics import TEXT_METRICS, build_metrics, default_met
 from pretrain.models.heads import Packing, TaskModel
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX
-from pretrain.training.checkpoint.resume import apply_resume_changes, restart_schedules
-from pretrain.training.optim import param_groups
-from pretrain.training.step import FreeGradientsAfterStep, StepLoss
+from pretrain.optim import param_groups
+from pretrain.training.step import FreeGradientsAfterStep, StepLoss, starts_step
 
 
 def finetune_optimizer(
     cfg: FinetuneConfig, backbone: nn.Module, head: nn.Module | None, max_steps: int
 ) -> dict[str, Any]:
-    """`pretrain fit`'s optimizer (``pretrain.training.optim.build_optimizer``: AdamW with no decay on norms, biases
+    """`pretrain fit`'s optimizer (``pretrain.optim.build_optimizer``: AdamW with no decay on norms, biases
     and embeddings, or Muon for the backbone's hidden matrices) with the head's groups at ``head.lr``, and the
     configured warmup + decay schedule applied to every group."""
-    from pretrain.training.optim import build_optimizer, build_scheduler
+    from pretrain.optim import build_optimizer, build_scheduler
     from pretrain.training.strategies import optimizer_offloaded
 
     o = cfg.optim
@@ -70,7 +70,7 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
         self.flops_per_batch = cache[S, T] * B
 
     def on_train_start(self) -> None:
-        from pretrain.training.lightning_compat import engine_divides_by_accumulation
+        from pretrain.compat.lightning import engine_divides_by_accumulation
 
         world = self.trainer.world_size
         reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
@@ -92,12 +92,12 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
         guards (``StepLoss.add_mean``); return what it backpropagates."""
         k, step = self.trainer.accumulate_grad_batches, self.step_loss
         assert step is not None
-        if batch_idx % k == 0:
+        if starts_step(batch_idx, k):
             step.begin(torch.tensor(k, device=mean.device))
         return step.add_mean(mean)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from pretrain.training.checkpoint import PAYLOAD
+        from pretrain.checkpoint import PAYLOAD
 
         if self.payload is not None:
             checkpoint[PAYLOAD] = self.payload

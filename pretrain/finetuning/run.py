@@ -11,13 +11,13 @@ from typing import Any
 
 import lightning as L
 
-from pretrain.datamodules.storage import atomic_write_text
 from pretrain.errors import InputError
 from pretrain.finetuning.backbone import freeze, load_backbone
 from pretrain.finetuning.checkpoint import finetune_payload, save_finetuned
 from pretrain.finetuning.config import FinetuneConfig
 from pretrain.finetuning.data import build_datamodule
 from pretrain.finetuning.module import FinetuneModule, Text2TextModule
+from pretrain.io import atomic_write_text
 from pretrain.models.heads import TaskModel
 
 
@@ -89,17 +89,17 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     """Train under ``cfg.strategy`` with `pretrain fit`'s Trainer (``build_trainer``: DDP, FSDP2, DeepSpeed ZeRO;
     ``last.ckpt`` every ``checkpoint.every_n_steps``, resumed by ``resume``), evaluate the whole validation
     file, write ``results.json`` (and ``finetuned.pt``); return the results. One writer of ``run_dir``."""
-    from pretrain.datamodules.storage import run_lock
+    from pretrain.io import run_lock
 
     with run_lock(cfg.run_dir, "`pretrain finetune`"):
         return _run(cfg)
 
 
 def _run(cfg: FinetuneConfig) -> dict[str, Any]:
+    from pretrain.checkpoint.io import payload
+    from pretrain.checkpoint.resume import check_resumable, compare_for_resume
     from pretrain.finetuning.checkpoint import FINETUNE_RESUME
     from pretrain.finetuning.lora import parameter_counts
-    from pretrain.training.checkpoint.io import payload
-    from pretrain.training.checkpoint.resume import check_resumable, compare_for_resume
     from pretrain.training.setup import resume_path
     from pretrain.training.trainer import build_trainer
 

@@ -278,7 +278,7 @@ def write_plan(plan: Plan, recipe: str | os.PathLike, overrides: list[str]) -> N
                 f"{out} holds a ladder of objective {old.objective!r}; this recipe's is {plan.objective!r}: one fit "
                 f"per objective, so give this ladder its own --out"
             )
-    from pretrain.datamodules.storage import atomic_write_text
+    from pretrain.io import atomic_write_text
 
     bodies = {
         cell.name: yaml.safe_dump(cell_config(plan, cell, raw, ladder), sort_keys=False)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pretrain.datamodules.storage import atomic_write
+from pretrain.io import atomic_write
 from pretrain.ladder.fit import PARAMETERS, Law
 from pretrain.ladder.shapes import Family
 

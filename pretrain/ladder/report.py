@@ -217,7 +217,7 @@ def fit_ladder(
         report["compute_optimal"] = [
             compute_optimal(law, laws, C, shapes, plan.tokens_per_step) for C in budgets
         ]
-    from pretrain.datamodules.storage import atomic_write_text
+    from pretrain.io import atomic_write_text
     from pretrain.ladder.plots import plot_ladder
 
     report["plots"] = plot_ladder(report, shapes, out)

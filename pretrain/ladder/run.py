@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from datatrove.pipeline.base import PipelineStep
 
-from pretrain.datamodules.storage import HELD_BY_PARENT, atomic_write_text, exclusive, lock_path
+from pretrain.io import HELD_BY_PARENT, atomic_write_text, exclusive, lock_path
 from pretrain.ladder.plan import Cell, Plan
 
 RESULT_FILE, FAILED_FILE, LOG_FILE = "result.json", "failed.json", "fit.log"

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pretrain.datamodules.storage import STAGING_MARK, permissions_as_umask, staged_directory
 from pretrain.errors import InputError
+from pretrain.io import STAGING_MARK, permissions_as_umask, staged_directory
 from pretrain.models.config import ROPE_SCALINGS, ModelConfig, RopeScaling
 from pretrain.models.heads import TaskModel
 from pretrain.models.transformer import Attention, Transformer

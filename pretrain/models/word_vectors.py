@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pretrain.datamodules.storage import atomic_write_text
 from pretrain.errors import InputError
+from pretrain.io import atomic_write_text
 
 BYTE_LEVEL_SPACE = "Ġ"  # byte-level BPE's mark of a leading space ("Ġking" is " king")
 

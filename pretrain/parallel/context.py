@@ -144,7 +144,7 @@ class ContextParallel:
     def gather(self, x: Tensor, dim: int) -> Tensor:
         """``x`` (..., T/N, ...) this rank's positions along ``dim`` -> (..., T, ...) every rank's, in order;
         differentiable (the backward reduce-scatters the gradient)."""
-        from pretrain.parallel.collectives_compat import all_gather
+        from pretrain.compat.collectives import all_gather
 
         gathered = all_gather(x.contiguous(), dim, self.group)
         order = natural_order(x.shape[dim] * self.size, self.size).to(x.device)

@@ -69,7 +69,7 @@ class ParallelDims:
         """The mesh over every rank of the (initialised) default process group, dims named, and its sub-meshes."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        from pretrain.parallel.collectives_compat import flatten
+        from pretrain.compat.collectives import flatten
 
         root = init_device_mesh(device_type, self.sizes, mesh_dim_names=DIMS)
         shard = "dp_shard"

@@ -18,17 +18,18 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from pretrain.checkpoint.io import PAYLOAD
+from pretrain.checkpoint.resume import apply_resume_changes, restart_schedules
+from pretrain.compat import compile as compile_compat
+from pretrain.compat import lightning as lightning_compat
 from pretrain.config import RunConfig
 from pretrain.datamodules.pretrain import PretrainDataModule
 from pretrain.models.transformer import Transformer
 from pretrain.objectives import IGNORE_INDEX, Objective
 from pretrain.objectives.loss import num_correct
+from pretrain.optim import build_optimizer, build_scheduler, describe, group_param_names
 from pretrain.parallel.mesh import context_parallel_position, data_parallel_position
 from pretrain.parallel.tensor import vocabulary_parallel
-from pretrain.training import compile_compat, lightning_compat
-from pretrain.training.checkpoint.io import PAYLOAD
-from pretrain.training.checkpoint.resume import apply_resume_changes, restart_schedules
-from pretrain.training.optim import build_optimizer, build_scheduler, describe, group_param_names
 from pretrain.training.step import STEP_TARGETS, FreeGradientsAfterStep, StepGroups, StepLoss, dropout_seed
 from pretrain.training.strategies import optimizer_offloaded
 

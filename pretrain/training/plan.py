@@ -31,7 +31,6 @@ autotuning; the GPU check compares the plan with ``torch.cuda.max_memory_allocat
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import re
 from dataclasses import dataclass, replace
@@ -40,7 +39,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from pretrain import config
 from pretrain.config import RunConfig
 from pretrain.errors import InputError
 
@@ -127,7 +125,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, 
 def build(run: RunConfig, checkpointing: bool, mesh: Any = None) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The recipe's model and optimizer; with a device ``mesh``, the model sharded by :func:`shard` first."""
     from pretrain.models.transformer import Transformer
-    from pretrain.training.optim import build_optimizer
+    from pretrain.optim import build_optimizer
 
     dtype = torch.get_default_dtype()
     # bf16-true: made in bf16, as ``.to(torch.bfloat16)`` would make it (which cannot swap fake parameters)
@@ -158,7 +156,7 @@ def trace(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1) 
     ``gpus > 1``: under FSDP2 (the project's ``shard_model``, as ``strategy.fsdp`` shards) on a fake process
     group of that many ranks, as rank 0 sees it: ``params`` are its shards, ``gathered`` the unsharded
     parameters FSDP2 holds at the peak (all-gather outputs of the current and the prefetched unit)."""
-    from pretrain.training.memory_compat import fake_mode, fake_process_group, trace_peak
+    from pretrain.compat.memory import fake_mode, fake_process_group, trace_peak
 
     batch = synthetic_batch(run, micro_batch)  # real (small) integer tensors, made outside the fake mode
     group = fake_process_group(gpus) if gpus > 1 else contextlib.nullcontext()
@@ -287,23 +285,6 @@ def format_table(rows: list[PlanRow], run: RunConfig, gpus: int, gpu_memory: int
             f"{r.strategy:<15}{'on' if r.checkpointing else 'off':<6}{cells}{r.max_micro_batch:>17}{fits}"
         )
     return "\n".join(lines)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", help="recipe YAML, e.g. recipes/gpt2-124m.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. data.micro_batch_size=16")
-    p.add_argument("--gpus", type=int, default=8, help="data-parallel ranks (default 8)")
-    p.add_argument("--gpu-memory", default="80GiB", help="memory of one GPU (default 80GiB)")
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    if args.gpus < 1:
-        raise InputError(f"--gpus must be >= 1, got {args.gpus}")
-    memory = parse_bytes(args.gpu_memory)
-    run, _ = config.load(args.recipe, args.overrides)
-    run = replace(run, trainer=replace(run.trainer, compile=False, float8=False))  # eager shapes
-    print(format_table(plan(run, args.gpus, memory), run, args.gpus, memory))
-    return 0
 
 
 def summary(rows: list[PlanRow]) -> dict[str, Any]:

@@ -14,10 +14,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import RunConfig
-from pretrain.config.run import check_checkpoint, check_resume_path
-from pretrain.errors import InputError
-from pretrain.training.checkpoint.resume import (
+from pretrain.checkpoint.resume import (
     MISSING,
     Compared,
     at,
@@ -26,6 +23,9 @@ from pretrain.training.checkpoint.resume import (
     lr_schedule_values,
     optimizer_values,
 )
+from pretrain.config import RunConfig
+from pretrain.config.run import check_checkpoint, check_resume_path
+from pretrain.errors import InputError
 
 
 def build_objective(run: RunConfig, tokenizer: Any) -> Any:
@@ -150,7 +150,7 @@ def _as_last(done: Path, last: Path) -> Path:
     before a kill cut the final ``last.ckpt``) copied to ``last`` atomically: no step is left to save it."""
     import shutil
 
-    from pretrain.datamodules.storage import replace_path
+    from pretrain.io import replace_path
 
     tmp = last.with_name(f".{last.name}.{secrets.token_hex(4)}.tmp")  # what remove_partial_saves cleans up
     (shutil.copytree if done.is_dir() else shutil.copy2)(done, tmp)
@@ -161,7 +161,7 @@ def _as_last(done: Path, last: Path) -> Path:
 def resume_path(run: RunConfig) -> Path | None:
     """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
     checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
-    from pretrain.training.checkpoint.resume import checkpoint_step, find_resume
+    from pretrain.checkpoint.resume import checkpoint_step, find_resume
 
     if run.resume is None:
         return None
@@ -342,12 +342,12 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
     compared (``VALIDATE_RESUME``), not the optimizer, the schedules or the batch."""
     import lightning as L
 
+    from pretrain.checkpoint.convert import initial_weights
+    from pretrain.checkpoint.io import data_position, payload
+    from pretrain.checkpoint.resume import check_compatible
     from pretrain.datamodules.prepare import read_meta
-    from pretrain.datamodules.storage import exchanges_atomically
     from pretrain.datamodules.tokenizer import load_tokenizer
-    from pretrain.training.checkpoint.convert import initial_weights
-    from pretrain.training.checkpoint.io import data_position, payload
-    from pretrain.training.checkpoint.resume import check_compatible
+    from pretrain.io import exchanges_atomically
     from pretrain.training.module import PretrainModule
 
     if training and run.checkpoint.async_save and not exchanges_atomically(run.checkpoint_dir):

@@ -49,10 +49,12 @@ def micro_batches(steps: int, accumulate: int) -> int:
 
 
 def starts_step(batch_idx: int, accumulate: int) -> bool:
+    """Whether Lightning's micro-batch ``batch_idx`` is the first of its optimizer step (``accumulate`` per step)."""
     return batch_idx % accumulate == 0
 
 
 def ends_step(batch_idx: int, accumulate: int) -> bool:
+    """Whether micro-batch ``batch_idx`` is the last of its optimizer step: the optimizer steps after it."""
     return (batch_idx + 1) % accumulate == 0
 
 

@@ -16,11 +16,11 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch import nn
 
+from pretrain.checkpoint.async_save import AsyncCheckpointIO, AsyncCheckpointWriter
+from pretrain.checkpoint.io import AtomicCheckpointIO
 from pretrain.config.run import TrainingRun
 from pretrain.errors import InputError
 from pretrain.parallel.mesh import ParallelDims, RunMesh
-from pretrain.training.checkpoint.async_save import AsyncCheckpointIO, AsyncCheckpointWriter
-from pretrain.training.checkpoint.io import AtomicCheckpointIO
 
 
 def deepspeed_config(run: TrainingRun) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def collective_timeout(run: TrainingRun) -> timedelta:
 def build_fsdp(run: TrainingRun) -> Strategy:
     from functools import partial
 
-    from pretrain.training.lightning_compat import PerModuleSharding
+    from pretrain.compat.lightning import PerModuleSharding
 
     fsdp = run.strategy.fsdp
     if fsdp.sharding_strategy == "NO_SHARD":
@@ -157,7 +157,7 @@ def build_deepspeed(run: TrainingRun) -> Strategy:
         raise InputError(
             "strategy deepspeed needs the deepspeed package: pip install 'pretrain[deepspeed]'"
         ) from err
-    from pretrain.training.lightning_compat import DeepSpeedAnyDevice
+    from pretrain.compat.lightning import DeepSpeedAnyDevice
 
     return DeepSpeedAnyDevice(config=deepspeed_config(run), timeout=collective_timeout(run))
 

@@ -15,20 +15,21 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from pretrain import compat
+from pretrain.checkpoint.async_save import AsyncCheckpointIO
+from pretrain.checkpoint.io import AtomicCheckpointIO
+from pretrain.compat import lightning as lightning_compat
 from pretrain.config.run import TrainingRun, check_checkpoint
-from pretrain.training import lightning_compat
-from pretrain.training.checkpoint.async_save import AsyncCheckpointIO
-from pretrain.training.checkpoint.io import AtomicCheckpointIO
-from pretrain.training.garbage import ScheduledGarbageCollection
-from pretrain.training.guards import build_guards
+from pretrain.training.callbacks.garbage import ScheduledGarbageCollection
+from pretrain.training.callbacks.guards import build_guards
+from pretrain.training.callbacks.host_sync import SyncCheck, allowed
+from pretrain.training.callbacks.preemption import LastCheckpoint
+from pretrain.training.callbacks.progress import progress_callbacks
+from pretrain.training.callbacks.throughput import PeakThroughputMonitor
 from pretrain.training.host_memory import reuse_freed_memory
-from pretrain.training.host_sync import SyncCheck, allowed
-from pretrain.training.preemption import LastCheckpoint
-from pretrain.training.progress import progress_callbacks
 from pretrain.training.quiet import quiet_libraries
 from pretrain.training.step import micro_batches
 from pretrain.training.strategies import build_strategy, checkpoint_io
-from pretrain.training.throughput import PeakThroughputMonitor
 
 
 def wandb_mode(run: TrainingRun) -> str:
@@ -139,12 +140,12 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
     if run.trainer.gc_every_n_steps:
         callbacks.append(ScheduledGarbageCollection(run.trainer.gc_every_n_steps))
     if getattr(run, "eval_during_fit", None) and run.eval_during_fit.tasks:  # a RunConfig section only
-        from pretrain.training.in_loop_eval import InLoopEvaluation
+        from pretrain.training.callbacks.in_loop_eval import InLoopEvaluation
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
     ema = getattr(run, "ema", None)  # a RunConfig section only
     if ema is not None and ema.decay is not None:
-        from pretrain.training.ema import EMA
+        from pretrain.training.callbacks.ema import EMA
 
         callbacks.append(EMA(ema.decay, ema.every_n_steps, ema.start_step))
     if run.checkpoint.save_top_k != 0:
@@ -178,7 +179,7 @@ def build_trainer(
     """The Trainer of ``run`` (intervals in optimizer steps, converted to Lightning's micro-batch counts)."""
     t = run.trainer
     quiet_libraries()
-    lightning_compat.warn_if_untested()
+    compat.warn_if_untested()
     if t.reuse_host_memory:
         reuse_freed_memory()
     strategy = build_strategy(run)

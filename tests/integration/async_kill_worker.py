@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
+from pretrain.checkpoint.async_save import AsyncCheckpointWriter
 from pretrain.cli import main
-from pretrain.training.checkpoint.async_save import AsyncCheckpointWriter
-from pretrain.training.preemption import LastCheckpoint
+from pretrain.training.callbacks.preemption import LastCheckpoint
 
 
 def block_write_of_step(run_dir: Path, step: int) -> None:

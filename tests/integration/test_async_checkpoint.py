@@ -21,10 +21,10 @@ import time
 import pytest
 from training_utils import REPO_ROOT, cli_env, launch_losses, metric_by_step, read_metrics, tiny_recipe
 
+from pretrain.checkpoint import is_valid, kind
+from pretrain.checkpoint.async_save import AsyncCheckpointWriter
+from pretrain.checkpoint.resume import checkpoint_step
 from pretrain.cli import main
-from pretrain.training.checkpoint import is_valid, kind
-from pretrain.training.checkpoint.async_save import AsyncCheckpointWriter
-from pretrain.training.checkpoint.resume import checkpoint_step
 
 STEPS = 8
 KILL_WORKER = REPO_ROOT / "tests" / "integration" / "async_kill_worker.py"
@@ -93,7 +93,7 @@ def test_the_update_after_a_save_waits_for_its_copy_and_the_write_puts_itself_in
     (``wait`` only joins it)."""
     import torch
 
-    from pretrain.training.checkpoint import dcp
+    from pretrain.checkpoint import dcp
 
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -183,7 +183,7 @@ def test_a_file_system_that_cannot_exchange_names_atomically_is_refused_in_one_l
     at every save: refused before training, nothing written."""
     from training_utils import one_error_line
 
-    from pretrain.datamodules.storage import exchanges_atomically
+    from pretrain.io import exchanges_atomically
 
     assert exchanges_atomically(tmp_path / "probe")  # this test's own file system can
     storage = sys.modules[exchanges_atomically.__module__]

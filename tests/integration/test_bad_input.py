@@ -58,7 +58,7 @@ def test_export_into_a_read_only_directory(capsys, tmp_path, checkpoint, monkeyp
         def denied(*args, **kwargs):
             raise PermissionError(errno.EACCES, "Permission denied", str(out))
 
-        monkeypatch.setattr("pretrain.training.cli.tempfile.TemporaryFile", denied)
+        monkeypatch.setattr("pretrain.finetuning.export.tempfile.TemporaryFile", denied)
     assert "Permission denied" in one_error_line(capsys, "export", checkpoint, out)
 
 

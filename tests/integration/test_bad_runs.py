@@ -114,7 +114,7 @@ def test_resume_on_other_data_or_tokenizer_is_refused(capsys, tmp_path, tiny_wor
 
 
 def test_last_checkpoint_holds_its_steps_validation_and_resume_keeps_top_k(tmp_path, tiny_world):
-    from pretrain.training.checkpoint import read
+    from pretrain.checkpoint import read
 
     def best_state(path):
         (state,) = [v for k, v in read(path)["callbacks"].items() if k.startswith("ModelCheckpoint")]

@@ -23,8 +23,8 @@ from training_utils import (
     tiny_recipe,
 )
 
+from pretrain.checkpoint import consolidate, is_valid, kind, load_model, payload
 from pretrain.cli import main
-from pretrain.training.checkpoint import consolidate, is_valid, kind, load_model, payload
 
 KINDS = {
     "file": ["strategy.name=ddp"],
@@ -113,10 +113,10 @@ def test_convert_every_kind_to_one_file_and_to_dcp(kinds, tmp_path, capsys):
     from safetensors.torch import load_file
     from training_utils import one_error_line
 
+    from pretrain.checkpoint import dcp, read
+    from pretrain.checkpoint.convert import optimizer_state_by_names
     from pretrain.models.config import ModelConfig
-    from pretrain.training.checkpoint import dcp, read
-    from pretrain.training.checkpoint.convert import optimizer_state_by_names
-    from pretrain.training.optim import group_param_names
+    from pretrain.optim import group_param_names
 
     file, fsdp = read(last(kinds["file"])), dcp.read(last(kinds["fsdp"]))
     config = payload(last(kinds["file"]))["config"]

@@ -1,4 +1,4 @@
-"""The weights' exponential moving average (``ema.decay``, ``pretrain.training.ema``): on 2 gloo ranks under DDP,
+"""The weights' exponential moving average (``ema.decay``, ``pretrain.training.callbacks.ema``): on 2 gloo ranks under DDP,
 FSDP2, ZeRO-2 and ZeRO-3 it equals one process's EMA to 1e-6 with no collective in its updates (every collective of
 ``torch.distributed`` and ``deepspeed.comm`` counted: ``tests/ema_worker.py``); it resumes bitwise, is validated as
 ``val/loss_ema`` and exported with ``pretrain export --ema``; ``ema.decay`` outside (0, 1) is refused in one line."""
@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from training_utils import REPO_ROOT, metric_by_step, one_error_line, read_metrics, run_ranks, tiny_recipe
 
+from pretrain.checkpoint.convert import ema_weights
 from pretrain.cli import main
-from pretrain.training.checkpoint.convert import ema_weights
 
 WORKER = REPO_ROOT / "tests" / "ema_worker.py"
 STEPS = 6

@@ -92,10 +92,10 @@ def test_lora_merged_export_gives_the_unmerged_logits(xor_files, tmp_path):
     the logits of the unmerged adapters in the run's checkpoint."""
     import transformers
 
+    from pretrain.checkpoint import PAYLOAD, read
+    from pretrain.checkpoint.convert import model_state
     from pretrain.finetuning.checkpoint import _build, load_finetuned
     from pretrain.models.hf import save_hf
-    from pretrain.training.checkpoint import PAYLOAD, read
-    from pretrain.training.checkpoint.convert import model_state
 
     raw = _raw(
         xor_files,

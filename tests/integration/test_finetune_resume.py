@@ -11,8 +11,8 @@ import pytest
 import yaml
 from training_utils import one_error_line
 
+from pretrain.checkpoint import read
 from pretrain.cli import main
-from pretrain.training.checkpoint import read
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WORDS = ["the", "film", "plot", "was", "good", "bad", "quite", "really"]

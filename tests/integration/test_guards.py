@@ -21,7 +21,7 @@ from training_utils import (
     tiny_recipe,
 )
 
-from pretrain.training.checkpoint import read
+from pretrain.checkpoint import read
 
 STEPS = 8
 FAULT_RUN = Path(__file__).parents[1] / "fault_run.py"
@@ -94,7 +94,7 @@ def test_spike_rolls_back_skips_its_data_and_ends_near_the_clean_run(tmp_path, t
 
 
 def test_enospc_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_world, capsys):
-    from pretrain.training.checkpoint import find_resume
+    from pretrain.checkpoint import find_resume
 
     run_dir = tmp_path / "full" / "run"
     full = recipe(tmp_path / "full", tiny_world, checkpoint={"every_n_steps": 3, "save_top_k": 0})

@@ -19,7 +19,7 @@ from training_utils import (
 )
 
 from pretrain.cli import main as cli_main
-from pretrain.training.plots import read_curves
+from pretrain.training.callbacks.plots import read_curves
 
 WORKER = Path(__file__).with_name("fit_worker.py")
 pytestmark = pytest.mark.usefixtures("one_thread")  # in-process fits, as run_cli subprocesses

@@ -11,11 +11,11 @@ import torch
 from tokenizers import Tokenizer, models
 from training_utils import one_error_line
 
+from pretrain.checkpoint import PAYLOAD, load_model
+from pretrain.checkpoint.convert import initial_weights
 from pretrain.config.run import load
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.checkpoint import PAYLOAD, load_model
-from pretrain.training.checkpoint.convert import initial_weights
 from pretrain.training.setup import prepare_run
 
 ROPE = {"vocab_size": 64, "d_model": 32, "n_layer": 2, "n_head": 2, "position": "rope", "max_seq_len": 128}

@@ -17,7 +17,7 @@ from pretrain.config import OptimConfig
 from pretrain.config.run import MuonConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.optim import build_optimizer
+from pretrain.optim import build_optimizer
 
 CONFIG = ModelConfig(
     vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=48, max_seq_len=16, tie_embeddings=False

@@ -10,8 +10,8 @@ import pytest
 
 from pretrain import config
 from pretrain.cli import main
+from pretrain.compat.memory import trace_peak
 from pretrain.training import plan
-from pretrain.training.memory_compat import trace_peak
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["data.micro_batch_size=4", "data.seq_len=32", "model.max_seq_len=64"]

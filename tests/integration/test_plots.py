@@ -1,9 +1,9 @@
-"""Offline run curves (``pretrain.training.plots``): what is read from the CSV logs, and ``pretrain plot``."""
+"""Offline run curves (``pretrain.training.callbacks.plots``): what is read from the CSV logs, and ``pretrain plot``."""
 
 from __future__ import annotations
 
 from pretrain.cli import main
-from pretrain.training.plots import read_curves
+from pretrain.training.callbacks.plots import read_curves
 
 HEADER = "epoch,step,train/tokens_per_device,train/loss,train/lr,train/seconds,val/loss\n"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pretrain.training.checkpoint import read
-from pretrain.training.preemption import Interrupted, LastCheckpoint
+from pretrain.checkpoint import read
+from pretrain.training.callbacks.preemption import Interrupted, LastCheckpoint
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Reload anywhere (``pretrain.training.checkpoint.reshard``): a checkpoint written under one strategy and world
+"""Reload anywhere (``pretrain.checkpoint.reshard``): a checkpoint written under one strategy and world
 size continues under another with the same global batch (8 samples per step) -- the next 20 losses equal an
 uninterrupted run's to 1e-6 (relative) and every step reads exactly the samples the uninterrupted run's step read
 (none twice, none skipped; recorded by ``training_utils.record_sample_indices``).
@@ -26,9 +26,9 @@ from training_utils import (
     tiny_recipe,
 )
 
+from pretrain.checkpoint import kind
+from pretrain.checkpoint.resume import checkpoint_step
 from pretrain.cli import main
-from pretrain.training.checkpoint import kind
-from pretrain.training.checkpoint.resume import checkpoint_step
 
 WORKER = REPO_ROOT / "tests" / "reshard_worker.py"
 SAVED, STEPS, BATCH = 4, 24, 8  # checkpoints of step 4, resumed for 20 steps; samples per step
@@ -152,9 +152,9 @@ def test_convert_streams_the_bytes_of_todays_consolidation_and_merge_reads_every
     read straight into place; DDP's by async save) is byte-identical to today's: every tensor read by DCP into
     memory, then ``torch.save`` through ``AtomicCheckpointIO``. A merge over a file, a DCP and a DeepSpeed
     directory is the float32 weighted average of their weights, bitwise."""
-    from pretrain.training.checkpoint.convert import consolidate, full_checkpoint, load_model
-    from pretrain.training.checkpoint.io import AtomicCheckpointIO
-    from pretrain.training.checkpoint.merge import merge
+    from pretrain.checkpoint.convert import consolidate, full_checkpoint, load_model
+    from pretrain.checkpoint.io import AtomicCheckpointIO
+    from pretrain.checkpoint.merge import merge
 
     for name in ("fsdp", "ddp"):
         streamed = consolidate(last(runs, name), tmp_path / f"{name}.ckpt")

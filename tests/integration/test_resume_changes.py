@@ -11,9 +11,9 @@ import pytest
 from training_utils import REPO_ROOT, metric_by_step, one_error_line, read_metrics
 
 from pretrain import config
+from pretrain.checkpoint import read
 from pretrain.cli import main
-from pretrain.training.checkpoint import read
-from pretrain.training.optim import lr_lambda
+from pretrain.optim import lr_lambda
 
 
 @pytest.fixture

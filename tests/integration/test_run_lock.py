@@ -13,7 +13,7 @@ import sys
 from training_utils import REPO_ROOT, one_error_line, tiny_recipe
 
 from pretrain.cli import main
-from pretrain.datamodules.storage import exclusive, lock_path
+from pretrain.io import exclusive, lock_path
 
 HOLDER = f"pid {os.getpid()} on host {socket.gethostname()}"
 
@@ -35,7 +35,7 @@ def test_a_second_writer_is_refused_naming_the_first(capsys, tmp_path, tiny_worl
 
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, tiny_world):
     hold = (
-        "import sys, time; from pretrain.datamodules.storage import exclusive\n"
+        "import sys, time; from pretrain.io import exclusive\n"
         "with exclusive(sys.argv[1], 'a killed run'):\n    print('held', flush=True); time.sleep(600)"
     )
     run_dir = tmp_path / "run"

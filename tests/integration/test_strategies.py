@@ -20,11 +20,11 @@ from torch import nn
 from training_utils import REPO_ROOT, metric_by_step, read_metrics, run_ranks, tiny_recipe
 
 from pretrain import config
+from pretrain.checkpoint import AtomicCheckpointIO
+from pretrain.compat.lightning import PerModuleSharding
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Block, Transformer
 from pretrain.parallel.mesh import ParallelDims
-from pretrain.training.checkpoint import AtomicCheckpointIO
-from pretrain.training.lightning_compat import PerModuleSharding
 from pretrain.training.strategies import build_strategy, deepspeed_config, parallelize, shard_units
 
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from training_utils import REPO_ROOT, TINY_MODEL, cli_command, cli_env, tiny_recipe
 
 from pretrain import config
-from pretrain.training.host_sync import HostSyncError, SyncCheck
+from pretrain.training.callbacks.host_sync import HostSyncError, SyncCheck
 from pretrain.training.setup import prepare_run
 from pretrain.training.trainer import build_trainer
 

@@ -238,7 +238,7 @@ def test_every_cells_checkpoint_holds_its_final_weights(trained):
     """Each TP / CP run's ``last.ckpt`` (DCP shards of DTensors over the dp x cp x tp mesh), read whole in one
     process as validate, export and evaluate read it (``load_model``), holds the run's final weights exactly, and so
     one process's (the cells' weights match their references' to 1e-5 above)."""
-    from pretrain.training.checkpoint import kind, load_model
+    from pretrain.checkpoint import kind, load_model
 
     for cell in CELLS:
         ckpt = last_checkpoint(trained, cell)
@@ -258,8 +258,8 @@ def test_validate_export_and_evaluate_read_a_tp_and_cp_checkpoint(trained, tmp_p
     model with our logits, and ``pretrain evaluate`` scores it."""
     import transformers
 
+    from pretrain.checkpoint import load_model
     from pretrain.cli import main
-    from pretrain.training.checkpoint import load_model
 
     cell = "gpt-cp2-tp2"
     recipe = next((trained / cell).glob("*.yaml"))

@@ -12,18 +12,18 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from pretrain.datamodules import storage as atomic
-from pretrain.datamodules.storage import replace_path
-from pretrain.models.config import ModelConfig
-from pretrain.models.transformer import Transformer
-from pretrain.training.checkpoint.convert import (
+from pretrain import io as atomic
+from pretrain.checkpoint.convert import (
     consolidate,
     load_model,
     optimizer_state_by_name,
     optimizer_state_by_position,
 )
-from pretrain.training.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read
-from pretrain.training.checkpoint.resume import check_compatible, checkpoint_step, find_resume, is_valid
+from pretrain.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read
+from pretrain.checkpoint.resume import check_compatible, checkpoint_step, find_resume, is_valid
+from pretrain.io import replace_path
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
 
 CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=1, n_head=2, d_ff=32, max_seq_len=16)
 
@@ -265,7 +265,7 @@ def test_disk_full_frees_what_the_retention_policy_no_longer_keeps(tmp_path, mon
     With nothing to free, the error names the intact checkpoints and leaves them loadable."""
     import errno
 
-    from pretrain.training.checkpoint import CheckpointWriteError
+    from pretrain.checkpoint import CheckpointWriteError
 
     dropped, last = save(tmp_path / "best-step2-loss5.0000.ckpt", 2, 2), save(tmp_path / "last.ckpt", 3, 3)
     real_save = torch.save

@@ -1,4 +1,4 @@
-"""Reading torch.distributed.checkpoint directories (``pretrain.training.checkpoint.dcp``): the same tensors and
+"""Reading torch.distributed.checkpoint directories (``pretrain.checkpoint.dcp``): the same tensors and
 structure as torch's own ``dcp_to_torch_save``, and no code run from a directory's metadata or items."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as torch_dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from pretrain.training.checkpoint import dcp
+from pretrain.checkpoint import dcp
 
 RAN: list[str] = []
 

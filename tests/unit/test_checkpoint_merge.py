@@ -1,4 +1,4 @@
-"""Checkpoint averaging (``pretrain.training.checkpoint.merge``): the merged weights equal a reference weighted
+"""Checkpoint averaging (``pretrain.checkpoint.merge``): the merged weights equal a reference weighted
 average in float32 bitwise (and float64's to 1e-6), from files and DCP directories alike (DeepSpeed directories:
 ``test_reshard.py``); different models, different tokenizers and weights that do not sum to 1 are refused in one
 line. The merge holds one tensor of each input at a time: ``benchmarks/bench_convert.py`` measures it."""
@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as torch_dcp
 
+from pretrain.checkpoint.convert import load_model
+from pretrain.checkpoint.io import METADATA, PAYLOAD, read
+from pretrain.checkpoint.merge import merge
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.checkpoint.convert import load_model
-from pretrain.training.checkpoint.io import METADATA, PAYLOAD, read
-from pretrain.training.checkpoint.merge import merge
 
 CONFIG = ModelConfig(arch="decoder", vocab_size=300, d_model=16, n_layer=2, n_head=2, d_ff=32, max_seq_len=16)
 

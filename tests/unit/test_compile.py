@@ -1,6 +1,6 @@
 """``torch.compile`` of the backbone: zero graph breaks in forward + loss + backward for every family x mask
 kind x attention backend, and no recompilation when the number of targets varies, counted with dynamo's own
-counters (``pretrain.training.compile_compat.CompileCounts``).
+counters (``pretrain.compat.compile.CompileCounts``).
 
 On the CPU, flex_attention has no backward, so training with ``attention=flex`` computes through SDPA on the
 dense mask of the same ``mask_mod`` (``pretrain.models.attention``): the flex kernel path itself (BlockMask built
@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pretrain.compat.compile import CompileCounts, mark_dynamic
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import token_cross_entropy
-from pretrain.training.compile_compat import CompileCounts, mark_dynamic
 from pretrain.training.module import TARGET_POSITIONS, PretrainData
 
 FAMILIES = {

@@ -12,7 +12,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from pretrain import errors
 from pretrain.cli import main
-from pretrain.training.lightning_compat import StepProgressBar
+from pretrain.compat.lightning import StepProgressBar
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def failing_validate(monkeypatch):
         def handler(args):
             raise exc
 
-        monkeypatch.setattr("pretrain.training.cli.cmd_validate", handler)
+        monkeypatch.setattr("pretrain.cli.validate.main", handler)
 
     return fail_with
 

@@ -9,7 +9,7 @@ import pytest
 from pretrain import config
 from pretrain.config.run import EvalDuringFitConfig
 from pretrain.errors import InputError
-from pretrain.training.in_loop_eval import InLoopEvaluation
+from pretrain.training.callbacks.in_loop_eval import InLoopEvaluation
 
 
 @pytest.mark.parametrize(

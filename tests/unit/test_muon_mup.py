@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pretrain.compat.muon import newton_schulz, resolve
 from pretrain.config import OptimConfig
 from pretrain.config.run import MuonConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import MLP, Transformer
-from pretrain.training.muon_compat import newton_schulz, resolve
-from pretrain.training.optim import build_optimizer, hidden_matrices, lr_lambda, param_groups
+from pretrain.optim import build_optimizer, hidden_matrices, lr_lambda, param_groups
 
 TINY = {"vocab_size": 64, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 16}
 MODELS = {
@@ -183,7 +183,7 @@ def same(a, b) -> bool:
 def test_a_skipped_step_is_selected_on_the_device_and_a_finite_one_is_the_plain_step():
     """``found_inf`` (as the guards pass it): 1 leaves weights, Muon's buffers and AdamW's state bitwise as they
     were, a NaN gradient included; 0 is the step without it, bit for bit; the verdict is never read on the host."""
-    from pretrain.training.host_sync import HostReadMode
+    from pretrain.training.callbacks.host_sync import HostReadMode
 
     torch.manual_seed(0)
     model, plain = Transformer(MODELS["gpt"]), Transformer(MODELS["gpt"])
@@ -211,7 +211,7 @@ def test_a_skipped_step_is_selected_on_the_device_and_a_finite_one_is_the_plain_
 
 
 def test_schedule_scales_muon_and_adamw_lr_together():
-    from pretrain.training.optim import build_scheduler
+    from pretrain.optim import build_scheduler
 
     model = Transformer(MODELS["gpt"])
     optimizer = build_optimizer(model, dataclasses.replace(MUON, warmup_steps=4))

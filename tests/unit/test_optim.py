@@ -12,7 +12,7 @@ from pretrain.config import OptimConfig
 from pretrain.config.run import check_optim
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.optim import build_optimizer, build_scheduler, lr_lambda, param_groups
+from pretrain.optim import build_optimizer, build_scheduler, lr_lambda, param_groups
 
 TINY = {"vocab_size": 64, "d_model": 16, "n_layer": 2, "n_head": 2, "d_ff": 32, "max_seq_len": 16}
 MODELS = {

@@ -17,8 +17,8 @@ from training_utils import CORPUS, one_error_line, tiny_recipe
 
 from pretrain.cli import main
 from pretrain.datamodules.prepare import Encoder, prepare, split_pieces
-from pretrain.datamodules.storage import exclusive
 from pretrain.datamodules.tokenizer import TextEncoder, load_tokenizer
+from pretrain.io import exclusive
 
 
 def source_recipe(tmp_path, world, *sources, **sections):

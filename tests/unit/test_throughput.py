@@ -8,7 +8,7 @@ import torch
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.throughput import DENSE_PEAK_FLOPS, dtype_key, mfu_peak, peak_for
+from pretrain.training.callbacks.throughput import DENSE_PEAK_FLOPS, dtype_key, mfu_peak, peak_for
 
 T = 1e12
 # (torch.cuda.get_device_name, dense bf16, dense fp8 or None) from the vendors' datasheets

@@ -10,9 +10,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from pretrain import config
-from pretrain.training.checkpoint import AtomicCheckpointIO
-from pretrain.training.preemption import LastCheckpoint
-from pretrain.training.throughput import PeakThroughputMonitor
+from pretrain.checkpoint import AtomicCheckpointIO
+from pretrain.training.callbacks.preemption import LastCheckpoint
+from pretrain.training.callbacks.throughput import PeakThroughputMonitor
 from pretrain.training.trainer import StepWandbLogger, build_loggers, build_trainer, wandb_mode
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

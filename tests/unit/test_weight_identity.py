@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import torch
 
+from pretrain.checkpoint.resume import check_compatible
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.training.checkpoint.resume import check_compatible
 
 BASE = ModelConfig(
     arch="encoder-decoder", vocab_size=64, d_model=32, n_layer=1, n_head=2, d_ff=64, max_seq_len=32, init="t5"

@@ -1,0 +1,238 @@
+"""Checkpoints written off the training thread (``checkpoint.async_save``).
+
+The training thread only starts a save and returns to training: a staging thread copies the state into host
+buffers that are kept from one save to the next (``torch.distributed.checkpoint``'s ``DefaultStager``) while
+the next step's forward and backward pass run, and that step's update waits for the copy (a step pre-hook on
+the optimizers: until then nothing the checkpoint holds changes). A writer thread of the lowest CPU priority
+then writes the copy as a torch.distributed.checkpoint directory (every rank its shards, a replicated tensor
+once) with DCP's ``save``, on a gloo process group of its own (the training collectives keep theirs). Once
+every rank's files and DCP's ``.metadata`` are written (DCP's save gathers the ranks' write results on rank 0
+before it writes ``.metadata``), rank 0 adds ``meta.pt`` (the Lightning state without weights) and puts the
+directory in place of the checkpoint with one atomic exchange of names, in the writer thread as soon as the
+write is complete: a reader, and a run killed at any moment, sees the previous checkpoint or the complete new
+one. At most one save is in flight: a new one first waits for the previous one; ``wait`` finishes a pending
+save (end of fit, stop signal).
+
+The layout is the one FSDP's sharded checkpoints have (``state_dict.*``, ``optimizer_<i>.*`` keyed by
+parameter name, ``meta.pt``), under DDP and one process as well: every strategy reads it (``reshard``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.checkpoint import dcp  # noqa: F401  (its warning filter for no_dist saves)
+from pretrain.checkpoint.convert import dcp_state
+from pretrain.checkpoint.io import METADATA, AtomicCheckpointIO, CheckpointWriteError
+from pretrain.io import STORAGE_ERRNOS, replace_path
+
+TMP_SUFFIX = ".tmp"  # ``.<name>.<random>.tmp``: what ``remove_partial_saves`` deletes after a kill
+
+
+def staging_path(path: Path, token: str) -> Path:
+    """The temporary sibling a checkpoint is written into before it replaces ``path``."""
+    return path.with_name(f".{path.name}.{token}{TMP_SUFFIX}")
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's entry to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def host_copy(obj: Any) -> Any:
+    """``obj`` with every tensor cloned (the metadata's few small tensors: the training goes on mutating them)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return obj
+
+
+def lower_thread_priority() -> None:
+    """Run the calling thread at the lowest CPU priority (nice 19; Linux schedules each thread by its own nice
+    value): the background write takes only CPU time the training threads leave."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux or not allowed: the write just competes as before
+        pass
+
+
+class AsyncCheckpointWriter:
+    """Writes DCP checkpoint directories in the background, one at a time (see the module docstring).
+
+    A save costs the training thread a few dictionary look-ups: the copy into the host buffers runs in a
+    staging thread while the next step's forward and backward pass run (they only read the state), and the
+    next update waits for it (a step pre-hook on ``optimizers``: nothing the checkpoint holds changes before
+    then). The write then runs in a thread of the lowest priority, the step's threads first."""
+
+    def __init__(self) -> None:
+        self._stager: Any = None
+        self._group: Any = None
+        self._pending: Future | None = None
+        self._staged: Future | None = None
+        self._hooked: set[int] = set()
+        self._staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-checkpoint-stage")
+        self._writing = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="pretrain-checkpoint", initializer=lower_thread_priority
+        )
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None and not self._pending.done()
+
+    def save(
+        self,
+        tensors: dict[str, Any],
+        meta: dict[str, Any],
+        path: str | Path,
+        *,
+        distributed: bool,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+    ) -> None:
+        """Start writing ``tensors`` (a DCP state dict) and ``meta`` (``meta.pt``) as checkpoint ``path``.
+        ``distributed``: every rank calls this at the same point and writes its shards (rank 0 puts the
+        directory in place); else this process writes it all. Returns at once: the next ``step`` of
+        ``optimizers`` (or ``wait_staged``) waits until ``tensors`` are copied to host buffers; without
+        ``optimizers``, they are copied before this returns."""
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self.wait()
+        token = [secrets.token_hex(4)]
+        rank0 = True
+        if distributed:
+            if self._group is None:  # collective: every rank saves at the same step
+                self._group = dist.new_group(backend="gloo")
+            dist.broadcast_object_list(token, src=0, group=self._group)
+            rank0 = dist.get_rank() == 0
+        path = Path(path)
+        tmp = staging_path(path, token[0])
+        if self._stager is None:  # host buffers reused by every save (no pinned or shared memory on the CPU)
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        for optimizer in optimizers:
+            if id(optimizer) not in self._hooked:
+                self._hooked.add(id(optimizer))
+                optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
+        self._staged = self._staging.submit(self._stager.stage, tensors)
+        self._pending = self._writing.submit(
+            self._write, self._staged, self._group, distributed, host_copy(meta) if rank0 else None, tmp, path
+        )
+        if not optimizers:
+            self.wait_staged()
+
+    def wait_staged(self) -> None:
+        """Block until the state of the last save is copied to host buffers (its errors come from ``wait``)."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            futures.wait([staged])
+
+    @classmethod
+    def _write(
+        cls,
+        staged: Future,
+        group: Any,
+        distributed: bool,
+        meta: dict[str, Any] | None,
+        tmp: Path,
+        path: Path,
+    ) -> None:
+        """Background, once the copy is staged: every rank writes its files (DCP's save gathers the ranks'
+        write results before rank 0 writes ``.metadata``), then rank 0 (which holds ``meta``) puts the
+        directory in place."""
+        from torch.distributed.checkpoint import FileSystemWriter, save
+
+        state = staged.result()
+        upload: Future = Future()
+        try:
+            save(
+                state,
+                storage_writer=FileSystemWriter(tmp, sync_files=True),
+                process_group=group,
+                no_dist=not distributed,
+            )
+            upload.set_result(None)
+        except BaseException as err:  # noqa: BLE001 - re-raised by _finish
+            upload.set_exception(err)
+        cls._finish(upload, meta, tmp, path)
+
+    @staticmethod
+    def _finish(upload: Future, meta: dict[str, Any] | None, tmp: Path, path: Path) -> None:
+        """Background: wait for every rank's files, then (rank 0, which holds ``meta``) put the directory in place."""
+        try:
+            upload.result()
+            if meta is None:
+                return
+            with open(tmp / METADATA, "wb") as f:
+                torch.save(meta, f)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_path(tmp)
+            replace_path(tmp, path)
+            fsync_path(path.parent)
+        except OSError as err:
+            if meta is not None:
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+            if err.errno not in STORAGE_ERRNOS:
+                raise
+            raise CheckpointWriteError(
+                f"could not write checkpoint {path} (in the background): {os.strerror(err.errno or 0)}; the "
+                f"previous checkpoint is intact. Free space or fix the permissions, then rerun the same command "
+                f"(resume=auto continues)",
+                err.errno,
+            ) from err
+
+    def wait(self) -> None:
+        """Block until the pending save (if any) is complete; its error, if it failed, is raised here."""
+        self.wait_staged()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Finish the pending save and release the host buffers."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
+
+class AsyncCheckpointIO(AtomicCheckpointIO):
+    """The checkpoint IO of a strategy whose rank 0 writes the whole state (one device, DDP): each checkpoint is
+    written by an :class:`AsyncCheckpointWriter` as a DCP directory. ``strategy`` (set once the Trainer exists)
+    gives the optimizers and the module whose parameter names key the optimizer state."""
+
+    def __init__(self, reclaimable: Callable[[], list[Path]] | None = None):
+        super().__init__(reclaimable)
+        self.writer = AsyncCheckpointWriter()
+        self.strategy: Any = None
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        assert self.strategy is not None, "AsyncCheckpointIO.strategy is set by build_trainer"
+        tensors = dcp_state(checkpoint, self.strategy.optimizers, self.strategy.lightning_module)
+        self.writer.save(tensors, checkpoint, path, distributed=False, optimizers=self.strategy.optimizers)
+
+    def teardown(self) -> None:
+        self.writer.close()

@@ -1,0 +1,201 @@
+"""Checkpoint conversion: a sharded (FSDP / DeepSpeed) checkpoint consolidated into one file, optimizer state
+between position- and name-keyed layouts, and the backbone loaded for inference."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from pretrain.checkpoint import dcp
+from pretrain.checkpoint.io import METADATA, PAYLOAD, kind, read
+from pretrain.errors import InputError
+from pretrain.models.config import ModelConfig
+from pretrain.models.transformer import Transformer
+
+
+def optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
+    """A name-keyed optimizer state (``torch.distributed.checkpoint.state_dict``'s layout: ``state`` by parameter
+    name, groups listing names) in ``torch.optim.Optimizer.state_dict``'s layout: parameters numbered in the
+    order the groups list them."""
+    numbers: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        groups.append({**group, "params": [numbers.setdefault(n, len(numbers)) for n in group["params"]]})
+    return {"state": {numbers[n]: v for n, v in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> dict[str, Any]:
+    """Inverse of :func:`optimizer_state_by_position` for ``optimizer`` over ``model``'s parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return optimizer_state_by_names(
+        state, [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    )
+
+
+def optimizer_state_by_names(state: dict[str, Any], group_names: list[list[str]]) -> dict[str, Any]:
+    """A state by position (``torch.optim.Optimizer.state_dict``) keyed by the parameter names of its groups,
+    in order (``group_names``: the names of each group's parameters)."""
+    by_number: dict[int, str] = {}
+    groups = []
+    for saved, names in zip(state["param_groups"], group_names, strict=True):
+        by_number.update(zip(saved["params"], names, strict=True))
+        groups.append({**saved, "params": [by_number[i] for i in saved["params"]]})
+    return {"state": {by_number[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
+def is_name_keyed(state: dict[str, Any]) -> bool:
+    """Whether an optimizer state lists its parameters by name (DCP's layout) rather than by position."""
+    return any(isinstance(n, str) for g in state.get("param_groups", []) for n in g["params"])
+
+
+def dcp_state(
+    checkpoint: dict[str, Any], optimizers: list[torch.optim.Optimizer], module: torch.nn.Module
+) -> dict[str, Any]:
+    """The tensors of a Lightning checkpoint in the layout of an FSDP sharded checkpoint, popped out of it:
+    ``state_dict`` and ``optimizer_<i>`` keyed by parameter name (``module``'s names for ``optimizers``' state
+    listed by position), and the weights' moving average (``ema``: FSDP2's are DTensors, saved as shards). What
+    stays in ``checkpoint`` is its ``meta.pt``."""
+    tensors = {"state_dict": checkpoint.pop("state_dict")}
+    for i, (optimizer, state) in enumerate(
+        zip(optimizers, checkpoint.pop("optimizer_states", []), strict=True)
+    ):
+        tensors[f"optimizer_{i}"] = (
+            state if is_name_keyed(state) else optimizer_state_by_name(state, optimizer, module)
+        )
+    if "ema" in checkpoint:
+        tensors["ema"] = checkpoint.pop("ema")
+    return tensors
+
+
+def full_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at ``path`` (a file, a DCP directory, a DeepSpeed directory) in memory, in the layout of a
+    single-process run's checkpoint file: ``state_dict`` whole, ``optimizer_states`` by position."""
+    path = Path(path)
+    found = kind(path)
+    if found == "file":
+        return read(path)
+    if found == "dcp":
+        shards = dcp.read(path)
+        checkpoint = read(path / METADATA)
+        checkpoint["state_dict"] = shards["state_dict"]
+        checkpoint["optimizer_states"] = [
+            optimizer_state_by_position(shards[f"optimizer_{i}"]) for i in range(optimizer_count(shards))
+        ]
+        if "ema" in shards:
+            checkpoint["ema"] = shards["ema"]
+        return checkpoint
+    with tempfile.TemporaryDirectory() as tmp:
+        return read(consolidate(path, Path(tmp) / "consolidated.ckpt"))
+
+
+def optimizer_count(state: dict[str, Any]) -> int:
+    """How many ``optimizer_<i>`` entries a DCP state dict holds."""
+    return sum(1 for k in state if k.startswith("optimizer_"))
+
+
+def consolidate(path: str | Path, output: str | Path) -> Path:
+    """One-file checkpoint from a sharded one, in the layout of a single-process run's checkpoint (it resumes a
+    run under any strategy). DCP shards are read with ``torch.distributed.checkpoint``; DeepSpeed ZeRO
+    directories need ``deepspeed`` (its files are trusted pickles; weights only). A file is returned unchanged."""
+    path, output = Path(path), Path(output)
+    found = kind(path)
+    if found == "file":
+        return path
+    if found == "dcp":  # tensor by tensor: the bytes torch.save writes for full_checkpoint(path)
+        from pretrain.checkpoint.stream import open_source, write_single
+
+        with open_source(path) as source:
+            return write_single(source, output)
+    try:
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+    except ModuleNotFoundError as err:  # pragma: no cover - depends on the environment
+        raise InputError("consolidating a DeepSpeed checkpoint needs `pip install deepspeed`") from err
+    convert_zero_checkpoint_to_fp32_state_dict(path, output)
+    return output
+
+
+def model_state(checkpoint: dict[str, Any], prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The backbone's weights from a Lightning ``state_dict`` (``PretrainModule.model`` -> keys ``model.*``)."""
+    return {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+
+
+def ema_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The weights' moving average a checkpoint holds (``pretrain.training.callbacks.ema``; parameter name -> whole tensor):
+    a file's ``ema``, a DCP directory's ``ema.*`` shards, a DeepSpeed directory's (in ``meta.pt``, or ZeRO-3's
+    per-rank partition files put together). ``ValueError`` when it holds none."""
+    path = Path(path)
+    found = kind(path)
+    if found == "file":
+        averages = read(path, mmap=True).get("ema")
+    elif found == "dcp":
+        averages = dcp.read(path, select=lambda k: k.startswith("ema.")).get("ema")
+        averages = averages or read(path / METADATA).get("ema")  # a converted DeepSpeed checkpoint's
+    else:
+        averages = read(path / METADATA).get("ema") if (path / METADATA).is_file() else None
+        files = sorted(path.glob("ema_partitions.rank*.pt"), key=lambda p: int(p.stem.rsplit("rank", 1)[1]))
+        if averages is None and files:
+            ranks = [torch.load(f, weights_only=True) for f in files]
+            averages = {}
+            for name, shape in ranks[0]["shapes"].items():
+                flat = torch.cat([r["parts"][name].reshape(-1) for r in ranks])
+                averages[name] = flat[: torch.Size(shape).numel()].reshape(shape).clone()
+    if not averages:
+        raise InputError(f"{path} holds no EMA weights; train with ema.decay set (e.g. ema.decay=0.999)")
+    return averages
+
+
+def initial_weights(path: str | Path, model: Transformer, tokenizer_json: str) -> dict[str, torch.Tensor]:
+    """The weights of checkpoint ``path`` (``init.checkpoint``) for a new run's ``model``; ``ValueError`` in one line
+    when they do not fit it (a weight missing, extra or of another shape: the model fields that differ are named)
+    or were trained with another tokenizer (ids would mean other tokens)."""
+    from dataclasses import asdict
+
+    if not Path(path).exists():
+        raise FileNotFoundError(
+            f"init.checkpoint={path}: no such checkpoint (a .ckpt file or sharded directory)"
+        )
+    saved, info, _ = load_model(path)
+    ours = model.state_dict()
+    theirs = saved.state_dict()
+    misfit = sorted(k for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs)
+    misfit += sorted(k for k in ours.keys() & theirs.keys() if ours[k].shape != theirs[k].shape)
+    if misfit:
+        a, b = ModelConfig.identity(info["config"]["model"]), ModelConfig.identity(asdict(model.config))
+        fields = ", ".join(f"model.{k}: checkpoint {a[k]!r} vs config {b[k]!r}" for k in a if a[k] != b[k])
+        raise InputError(
+            f"init.checkpoint={path} holds weights of another model ({fields or misfit[:3]}); set the model "
+            "fields to the checkpoint's"
+        )
+    if info.get("tokenizer_json") not in (None, tokenizer_json):
+        raise InputError(
+            f"init.checkpoint={path} was trained with another tokenizer than tokenizer.path; use its tokenizer"
+        )
+    return theirs
+
+
+def load_model(
+    path: str | Path, *, ema: bool = False
+) -> tuple[Transformer, dict[str, Any], Tokenizer | None]:
+    """``(model in eval mode, payload, tokenizer)`` from a checkpoint file or a sharded checkpoint directory; with
+    ``ema``, the weights are the checkpoint's moving average."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        single = consolidate(path, Path(tmp) / "consolidated.ckpt") if path.is_dir() else path
+        checkpoint = read(single)
+    if PAYLOAD not in checkpoint:
+        raise InputError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
+    info = checkpoint[PAYLOAD]
+    model = Transformer(ModelConfig(**info["config"]["model"]))
+    model.load_state_dict(model_state(checkpoint))
+    if ema:  # every parameter (a tied one once); buffers as trained
+        with torch.no_grad():
+            for name, average in model_state({"state_dict": ema_weights(path)}).items():
+                model.get_parameter(name).copy_(average)
+    tokenizer = Tokenizer.from_str(info["tokenizer_json"]) if info.get("tokenizer_json") else None
+    return model.eval(), info, tokenizer

@@ -1,0 +1,49 @@
+"""``pretrain tokenizer RECIPE [key=value ...] [--force]``: train the recipe's byte-level BPE (or reuse it)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pretrain import config
+from pretrain.cli.common import recipe_arguments
+from pretrain.errors import InputError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    recipe_arguments(p)
+    p.add_argument("--force", action="store_true", help="retrain even if the file exists")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pretrain.datamodules.corpus import InvalidUTF8Error
+    from pretrain.datamodules.tokenizer import train_bpe
+
+    run, _ = config.load(args.recipe, args.overrides)
+    t = run.tokenizer
+    path = Path(t.path)
+    if path.exists() and not args.force:
+        from pretrain.datamodules.tokenizer import load_tokenizer
+
+        try:
+            load_tokenizer(path)
+        except InputError as err:
+            raise InputError(f"{err}; it may be truncated -- rerun with --force to retrain it") from err
+        print(f"tokenizer {path} exists; reusing it (--force retrains)")
+        return 0
+    if not t.train_files:
+        raise InputError(
+            f"tokenizer {path} does not exist and tokenizer.train_files is empty; list training text"
+        )
+    try:
+        tokenizer = train_bpe(
+            list(t.train_files),
+            t.vocab_size,
+            path,
+            min_frequency=t.min_frequency,
+            on_invalid_utf8=t.on_invalid_utf8,
+        )
+    except InvalidUTF8Error as err:
+        raise InputError(err.with_fix("tokenizer.on_invalid_utf8")) from None
+    print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens -> {path}")
+    return 0
