@@ -1,9 +1,11 @@
 """One rank of ``test_plan.py``'s sharded check: two real training steps of a recipe on gloo under DDP, FSDP2
-(``plan.shard``, as training shards) and DeepSpeed ZeRO-1/2/3 (``deepspeed.initialize`` with the run's
+(``plan.shard``, as training shards), FSDP2 with tensor parallelism 2 and with context parallelism 2 (the run's
+``parallelize`` on its mesh, ``plan.shard``) and DeepSpeed ZeRO-1/2/3 (``deepspeed.initialize`` with the run's
 ``deepspeed_config``, as Lightning's strategy calls it), their per-rank peak by torch's memory tracker on real
 tensors (the wrapping counted in what is live, not its own transient peak: as the GPU check resets the CUDA
 peak at the start of training), next to ``pretrain plan``'s estimate for the same strategy. Writes
-``OUT/rank<r>.json``; rank 0 prints the table.
+``OUT/rank<r>.json``; rank 0 prints the table. The TP / CP rows' estimates are traced by the test itself
+(:func:`layout_estimate`).
 
     torchrun --nproc-per-node 2 tests/plan_worker.py RECIPE OUT [key=value ...]
 """
@@ -19,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+STRATEGIES = ("ddp", "fsdp", "fsdp+tp2", "fsdp+cp2", "zero1", "zero2", "zero3")
+LAYOUTS = {"fsdp+tp2": (2, 1), "fsdp+cp2": (1, 2)}  # (tensor_parallel, context_parallel)
 
 
 def measure(run, strategy: str, world: int) -> int:
@@ -30,6 +33,7 @@ def measure(run, strategy: str, world: int) -> int:
     from pretrain.compat.memory import trace_peak
     from pretrain.objectives.loss import token_cross_entropy
     from pretrain.optim import build_optimizer
+    from pretrain.parallel.mesh import ParallelDims
     from pretrain.training import plan
     from pretrain.training.strategies import deepspeed_config
 
@@ -37,7 +41,9 @@ def measure(run, strategy: str, world: int) -> int:
     model = plan.build(run, run.trainer.activation_checkpointing)[0]
     # the tracker registers its optimizer hooks globally; this optimizer must not keep the unsharded parameters
     placeholder = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
-    batch = plan.synthetic_batch(run, run.data.micro_batch_size)
+    tp, cp = LAYOUTS.get(strategy, (1, 1))
+    # a context-parallel rank's positions (rank 0's: every rank's have its shapes)
+    batch = plan.synthetic_batch(run, run.data.micro_batch_size, cp)
     wrapped: dict = {}
 
     def setup() -> None:
@@ -45,6 +51,9 @@ def measure(run, strategy: str, world: int) -> int:
             wrapped["model"] = DistributedDataParallel(model)
         elif strategy == "fsdp":
             plan.shard(model, run, init_device_mesh("cpu", (world,)))
+            wrapped["model"] = model
+        elif strategy in LAYOUTS:
+            plan.shard(model, run, ParallelDims(1, world // (tp * cp), cp, tp).build("cpu"))
             wrapped["model"] = model
         else:
             import deepspeed
@@ -64,7 +73,9 @@ def measure(run, strategy: str, world: int) -> int:
 
     def step() -> None:
         if "engine" not in wrapped:
-            return plan.train_step(wrapped["model"], wrapped["optimizer"], batch, run.trainer.precision)
+            return plan.train_step(
+                wrapped["model"], wrapped["optimizer"], batch, run.trainer.precision, tp > 1
+            )
         engine = wrapped["engine"]
         loss = token_cross_entropy(engine(**{k: v for k, v in batch.items() if k != "labels"}).logits,
                                    batch["labels"])[0]  # fmt: skip
@@ -74,6 +85,19 @@ def measure(run, strategy: str, world: int) -> int:
     return trace_peak(model, placeholder, step, setup=setup)["total"]
 
 
+def layout_estimate(run, strategy: str, world: int) -> int:
+    """``pretrain plan``'s per-rank total for FSDP2 x TP / CP (``LAYOUTS``) on ``world`` ranks. Traced in a process
+    that has no real process group (the test's): a fake group's context-parallel mesh traced in a rank before its
+    real group made that group's collectives mismatch (a process plans or trains, as `pretrain plan` and
+    `pretrain fit` do, not both)."""
+    from pretrain.training import plan
+
+    tp, cp = LAYOUTS[strategy]
+    cell = plan.with_layout(run, world, tp, cp)
+    layout = plan.trace(cell, run.data.micro_batch_size, run.trainer.activation_checkpointing, world, tp, cp)
+    return plan.per_gpu(plan.Traces(layout, layout, layout, layout), strategy, world, cell)["total"]
+
+
 def main(recipe: str, out: str, overrides: list[str]) -> None:
     from pretrain import config
     from pretrain.training import plan
@@ -81,26 +105,32 @@ def main(recipe: str, out: str, overrides: list[str]) -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
     world = int(os.environ["WORLD_SIZE"])
     run, _ = config.load(recipe, overrides)
-    B = run.data.micro_batch_size
+    B, checkpointing = run.data.micro_batch_size, run.trainer.activation_checkpointing
     traces = plan.traces(
-        run, B, run.trainer.activation_checkpointing, world
+        run, B, checkpointing, world
     )  # before the real group: FSDP's is traced on a fake one
-    dist.init_process_group("gloo")
-    result = {}
+    cells = {strategy: run for strategy in STRATEGIES}
+    for strategy, (tp, cp) in LAYOUTS.items():
+        cells[strategy] = plan.with_layout(run, world, tp, cp)
     for strategy in STRATEGIES:
-        cell = run
         if strategy.startswith("zero"):
             ds = replace(run.strategy.deepspeed, stage=int(strategy[4]))
-            cell = replace(run, strategy=replace(run.strategy, name="deepspeed", deepspeed=ds))
-        result[strategy] = {
-            "measured": measure(cell, strategy, world),
-            "estimate": plan.per_gpu(traces, strategy, world, cell)["total"],
-        }
-    Path(out, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    if dist.get_rank() == 0:
+            cells[strategy] = replace(run, strategy=replace(run.strategy, name="deepspeed", deepspeed=ds))
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    result = {}
+    for strategy in [s for s in STRATEGIES if s not in LAYOUTS] + list(LAYOUTS):  # the tp / cp meshes last
+        result[strategy] = {"measured": measure(cells[strategy], strategy, world)}
+        if strategy not in LAYOUTS:  # the tp / cp rows: traced by the test (``layout_estimate``)
+            result[strategy]["estimate"] = plan.per_gpu(traces, strategy, world, cells[strategy])["total"]
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    if rank == 0:
         for strategy, row in result.items():
+            if "estimate" not in row:
+                print(f"{strategy:<8} measured {row['measured'] / 1e6:8.3f} MB")
+                continue
             error = row["estimate"] / row["measured"] - 1
-            print(f"{strategy:<6} estimate {row['estimate'] / 1e6:8.3f} MB  measured {row['measured'] / 1e6:8.3f} MB"
+            print(f"{strategy:<8} estimate {row['estimate'] / 1e6:8.3f} MB  measured {row['measured'] / 1e6:8.3f} MB"
                   f"  {error:+.1%}")  # fmt: skip
     dist.destroy_process_group()
 

@@ -3,6 +3,9 @@
 - ``fake_mode``: ``torch._subclasses.FakeTensorMode``: tensors with shapes, dtypes and devices but no storage.
 - ``fake_process_group``: torch's ``fake`` backend (``torch.testing._internal.distributed.fake_pg``): a process
   group of N ranks inside this one process whose collectives communicate nothing (outputs of the right shapes).
+- ``meshes_outside_fake_mode``: ``DeviceMesh`` built with the fake mode suspended: FSDP2 over tensor-parallel
+  (DTensor) parameters concatenates the data-parallel and tensor-parallel meshes when it shards them
+  (``DeviceMesh._concatenate``), and a mesh reads its real rank tensor.
 - ``trace_peak``: ``torch.distributed._tools.mem_tracker.MemTracker``'s peak snapshot, by category, of what runs
   inside it (parameters, buffers, gradients, optimizer states, activations, backward temporaries). Under a fake
   mode, DTensor's sharding propagation (``torch.distributed.tensor._sharding_prop``) computes output metadata on
@@ -41,11 +44,31 @@ def fake_process_group(world: int) -> Iterator[Any]:
         raise RuntimeError(
             "pretrain plan traces sharded steps in a process group of its own; run it outside a distributed job"
         )
-    dist.init_process_group("fake", rank=0, world_size=world)
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    # its own store: no rendezvous (under torchrun or a test's launcher MASTER_ADDR / MASTER_PORT are set, and each
+    # rank would rendezvous there as rank 0 of its fake group)
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
         yield init_device_mesh("cpu", (world,))
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def meshes_outside_fake_mode() -> Iterator[None]:
+    """Every ``DeviceMesh`` made inside (FSDP2's concatenation of the dp and tp meshes) made outside any fake mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    init = DeviceMesh.__init__
+
+    def real_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        with unset_fake_temporarily():
+            init(self, *args, **kwargs)
+
+    with mock.patch.object(DeviceMesh, "__init__", real_init):
+        yield
 
 
 def trace_peak(

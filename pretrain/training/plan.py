@@ -19,9 +19,14 @@ and temporaries at the peak, all traced):
                    with the model cast to 16 bits when DeepSpeed's bf16/fp16 runs it so (no autocast)
     zero2-offload  optimizer state (and the gradients it steps on) on the CPU
     zero3-offload  parameters too
+    fsdp+tpT+cpC   with ``--tp T`` / ``--cp C``: the run's own parallelism (``strategies.parallelize``: context
+                   parallelism, the model's tensor-parallel plan, FSDP2 over dp x cp) on a fake process group of N
+                   ranks laid out dp x cp x tp (dp = N / (T C)), traced as rank 0 runs it: its tensor-parallel
+                   shards of the parameters (FSDP2-sharded over dp x cp), gradients and optimizer state; the
+                   activations of its T / C positions of every sequence, the all-gathered keys and values included
 
-Validated against real gloo ranks (``tests/integration/test_plan.py``): the single-device trace, DDP, FSDP and
-ZeRO-1/2/3; not the offload rows (on the CPU, offloading moves nothing off the device).
+Validated against real gloo ranks (``tests/integration/test_plan.py``): the single-device trace, DDP, FSDP,
+ZeRO-1/2/3, FSDP + TP=2 and FSDP + CP=2; not the offload rows (on the CPU, offloading moves nothing off the device).
 
 The peak grows linearly with the micro-batch B (traced at B and 2 B), which gives the largest micro-batch
 fitting ``0.9 x --gpu-memory`` (the rest: CUDA context, allocator fragmentation). Not modelled:
@@ -75,10 +80,23 @@ class StepMemory:
     )
 
 
-def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]:
+def synthetic_batch(run: RunConfig, micro_batch: int, cp: int = 1) -> dict[str, torch.Tensor]:
     """The recipe's objective on random tokens when its tokenizer exists (shapes and target counts as in
     training); else a batch of the architecture's shape (MLM-like 15 % targets for encoders, a quarter-length
-    decoder for encoder-decoders)."""
+    decoder for encoder-decoders). ``cp > 1``: context-parallel rank 0's positions of it (``SequenceShard``, as
+    the datamodule cuts it), its sparse targets' positions among them."""
+    batch = _whole_batch(run, micro_batch)
+    if cp == 1:
+        return batch
+    from pretrain.parallel.context import SequenceShard
+
+    local = SequenceShard(0, cp)({k: v for k, v in batch.items() if k != "target_positions"})
+    if "target_positions" in batch:
+        local["target_positions"] = (local["labels"].flatten() != -100).nonzero().squeeze(1)
+    return local
+
+
+def _whole_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]:
     from pathlib import Path
 
     generator = torch.Generator().manual_seed(0)
@@ -104,9 +122,13 @@ def synthetic_batch(run: RunConfig, micro_batch: int) -> dict[str, torch.Tensor]
     return {"input_ids": ids, "decoder_input_ids": dec, "labels": dec}
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, precision: str) -> None:
-    """One training step of ``model`` on ``batch``: forward, loss, backward, optimizer step."""
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, precision: str, tp: bool = False
+) -> None:
+    """One training step of ``model`` on ``batch``: forward, loss, backward, optimizer step; ``tp``: the loss and
+    its backward under ``loss_parallel`` (vocabulary-sharded logits), as the training step runs them."""
     from pretrain.objectives.loss import token_cross_entropy
+    from pretrain.parallel.tensor import vocabulary_parallel
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     labels = batch["labels"]
@@ -115,9 +137,10 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, 
     device = next(model.parameters()).device.type
     amp = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed" else None
     amp = amp or (torch.autocast(device, dtype=torch.float16) if precision == "16-mixed" else None)
-    with amp or contextlib.nullcontext():
-        loss = token_cross_entropy(model(**inputs).logits, labels)[0]
-    loss.backward()
+    with vocabulary_parallel(tp):
+        with amp or contextlib.nullcontext():
+            loss = token_cross_entropy(model(**inputs).logits, labels)[0]
+        loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -144,26 +167,43 @@ def build(run: RunConfig, checkpointing: bool, mesh: Any = None) -> tuple[nn.Mod
 def shard(model: nn.Module, run: RunConfig, mesh: Any) -> None:
     """FSDP2 as ``strategy.fsdp`` shards in training: the project's ``shard_model`` on the LightningModule that
     holds ``model`` (each block, then the whole model as one unit: a tied LM head stays tied), resharding after
-    forward unless ``sharding_strategy=SHARD_GRAD_OP``."""
-    from pretrain.training.strategies import shard_model
+    forward unless ``sharding_strategy=SHARD_GRAD_OP``. With a ``RunMesh`` (tensor / context parallelism): the
+    run's whole ``parallelize``, as ``strategy.fsdp`` applies it."""
+    from pretrain.parallel.mesh import RunMesh
+    from pretrain.training.strategies import parallelize, shard_model
 
     holder = nn.ModuleDict({"model": model})  # the LightningModule's place
-    shard_model(holder, mesh, reshard_after_forward=run.strategy.fsdp.sharding_strategy != "SHARD_GRAD_OP")
+    reshard = run.strategy.fsdp.sharding_strategy != "SHARD_GRAD_OP"
+    if isinstance(mesh, RunMesh):
+        parallelize(
+            holder, mesh, sequence_parallel=run.strategy.sequence_parallel, reshard_after_forward=reshard
+        )
+    else:
+        shard_model(holder, mesh, reshard_after_forward=reshard)
 
 
-def trace(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1) -> StepMemory:
+def trace(
+    run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int = 1, tp: int = 1, cp: int = 1
+) -> StepMemory:
     """Two training steps of the recipe at ``micro_batch`` on fake tensors, measured by torch's MemTracker.
     ``gpus > 1``: under FSDP2 (the project's ``shard_model``, as ``strategy.fsdp`` shards) on a fake process
     group of that many ranks, as rank 0 sees it: ``params`` are its shards, ``gathered`` the unsharded
-    parameters FSDP2 holds at the peak (all-gather outputs of the current and the prefetched unit)."""
-    from pretrain.compat.memory import fake_mode, fake_process_group, trace_peak
+    parameters FSDP2 holds at the peak (all-gather outputs of the current and the prefetched unit). ``tp`` /
+    ``cp`` > 1: the run's whole parallelism on the mesh dp x cp x tp of those ranks (module docstring), rank 0
+    holding its ``micro_batch`` x seq_len / ``cp`` positions."""
+    from pretrain.compat.memory import fake_mode, fake_process_group, meshes_outside_fake_mode, trace_peak
+    from pretrain.parallel.mesh import ParallelDims
 
-    batch = synthetic_batch(run, micro_batch)  # real (small) integer tensors, made outside the fake mode
+    batch = synthetic_batch(run, micro_batch, cp)  # real (small) integer tensors, made outside the fake mode
     group = fake_process_group(gpus) if gpus > 1 else contextlib.nullcontext()
-    with group as mesh, fake_mode() as mode:
-        model, optimizer = build(run, checkpointing, mesh)
-        fake = {k: mode.from_tensor(v) for k, v in batch.items()}
-        snap = trace_peak(model, optimizer, lambda: train_step(model, optimizer, fake, run.trainer.precision))
+    with group as mesh, meshes_outside_fake_mode():
+        if tp * cp > 1:  # built outside the fake mode (a mesh reads real rank tensors)
+            mesh = ParallelDims(1, gpus // (tp * cp), cp, tp).build("cpu")
+        with fake_mode() as mode:
+            model, optimizer = build(run, checkpointing, mesh)
+            fake = {k: mode.from_tensor(v) for k, v in batch.items()}
+            step = lambda: train_step(model, optimizer, fake, run.trainer.precision, tp > 1)
+            snap = trace_peak(model, optimizer, step)
         local = {p: getattr(p, "_local_tensor", p) for p in model.parameters()}  # a DTensor's shard
         all_grads = sum(t.nbytes for p, t in local.items() if p.requires_grad)
         held = snap["params"] if mesh is None else sum(t.nbytes for t in local.values())
@@ -182,6 +222,18 @@ class Traces:
     single: StepMemory  # one device, the recipe's precision
     sharded: StepMemory  # FSDP2 itself on the planned number of (fake) ranks
     low: StepMemory  # the model cast to its 16-bit compute dtype, no autocast: how DeepSpeed's bf16/fp16 runs it
+    layout: StepMemory | None = None  # the run's tensor / context parallelism with FSDP2 (``fsdp+tp..+cp..``)
+
+
+def layout_name(tp: int, cp: int) -> str:
+    """The plan's row of FSDP2 with tensor parallelism ``tp`` and context parallelism ``cp``: ``fsdp+tp2+cp2``."""
+    return "fsdp" + "".join(f"+{k}{v}" for k, v in (("tp", tp), ("cp", cp)) if v > 1)
+
+
+def strategies(run: RunConfig) -> tuple[str, ...]:
+    """The plan's rows: every strategy, and the run's own tensor / context parallelism where it has any."""
+    tp, cp = run.strategy.tensor_parallel, run.strategy.context_parallel
+    return STRATEGIES + ((layout_name(tp, cp),) if tp * cp > 1 else ())
 
 
 def traces(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int) -> Traces:
@@ -193,14 +245,17 @@ def traces(run: RunConfig, micro_batch: int, checkpointing: bool, gpus: int) -> 
         low = trace(
             replace(run, trainer=replace(run.trainer, precision="bf16-true")), micro_batch, checkpointing
         )
-    return Traces(single, sharded, low)
+    tp, cp = run.strategy.tensor_parallel, run.strategy.context_parallel
+    layout = trace(run, micro_batch, checkpointing, gpus, tp, cp) if tp * cp > 1 else None
+    return Traces(single, sharded, low, layout)
 
 
 def per_gpu(t: Traces, strategy: str, gpus: int, run: RunConfig) -> dict[str, int]:
     """Per-GPU bytes under ``strategy`` on ``gpus`` ranks (the module docstring's table)."""
     step = t.single
     if strategy.startswith("fsdp"):
-        s = t.sharded
+        s = t.layout if strategy.startswith("fsdp+") else t.sharded
+        assert s is not None, f"{strategy}: traced without the run's tensor / context parallelism"
         offload = strategy.endswith("offload")  # shards, their gradients and the optimizer live on the CPU
         parts = {"params": 0 if offload else s.params, "grads": 0 if offload else s.grads,
                  "optimizer": 0 if offload else s.optimizer, "comm": s.gathered}  # fmt: skip
@@ -254,13 +309,20 @@ class PlanRow:
 
 
 def plan(run: RunConfig, gpus: int, gpu_memory: int) -> list[PlanRow]:
-    """Every strategy x activation checkpointing at the configured micro-batch, with the largest that fits."""
+    """Every strategy x activation checkpointing at the configured micro-batch, with the largest that fits
+    (``run.strategy.tensor_parallel`` / ``context_parallel`` > 1: a row of that layout too, checked by
+    :func:`with_layout`)."""
     B = run.data.micro_batch_size
+    tp, cp = run.strategy.tensor_parallel, run.strategy.context_parallel
     rows = []
     for checkpointing in (False, True):
         at, twice = traces(run, B, checkpointing, gpus), trace(run, 2 * B, checkpointing)
         per_sample = max(1, (twice.peak - at.single.peak) // B)  # bytes the peak grows by per sample
-        for strategy in STRATEGIES:
+        for strategy in strategies(run):
+            if strategy.startswith("fsdp+"):  # a rank's T / cp positions of each sample: its own growth
+                assert at.layout is not None
+                layout_twice = trace(run, 2 * B, checkpointing, gpus, tp, cp)
+                per_sample = max(1, (layout_twice.peak - at.layout.peak) // B)
             parts = per_gpu(at, strategy, gpus, run)
             room = int(HEADROOM * gpu_memory) - parts["total"]
             most = B + room // per_sample if room >= 0 else B - -(-room // per_sample)
@@ -273,6 +335,9 @@ def format_table(rows: list[PlanRow], run: RunConfig, gpus: int, gpu_memory: int
     head = (f"per-GPU memory (GiB) of one training step: {run.name}, micro-batch {run.data.micro_batch_size} x "
             f"{run.data.seq_len} tokens, {run.trainer.precision}, {gpus} GPU(s) of {gpu_memory / gib:.0f} GiB "
             f"(fits: {HEADROOM:.0%} of it)")  # fmt: skip
+    tp, cp = run.strategy.tensor_parallel, run.strategy.context_parallel
+    if tp * cp > 1:
+        head += f"; {layout_name(tp, cp)}: dp {gpus // (tp * cp)} x cp {cp} x tp {tp}"
     cols = ["params", "grads", "optimizer", "activations", "comm", "total"]
     lines = [
         head,
@@ -285,6 +350,36 @@ def format_table(rows: list[PlanRow], run: RunConfig, gpus: int, gpu_memory: int
             f"{r.strategy:<15}{'on' if r.checkpointing else 'off':<6}{cells}{r.max_micro_batch:>17}{fits}"
         )
     return "\n".join(lines)
+
+
+def with_layout(run: RunConfig, gpus: int, tp: int, cp: int) -> RunConfig:
+    """``run`` with tensor parallelism ``tp`` and context parallelism ``cp`` on ``gpus`` ranks of FSDP2, as
+    :func:`plan` traces it; ``InputError`` in one line for a layout training would refuse
+    (``pretrain.parallel.mesh.parallel_problems``)."""
+    from pretrain.parallel.mesh import parallel_problems
+
+    if tp < 1 or cp < 1:
+        raise InputError(f"--tp and --cp must be >= 1, got --tp {tp} --cp {cp}")
+    if gpus % (tp * cp):
+        raise InputError(
+            f"--gpus {gpus} is not a multiple of --tp {tp} x --cp {cp} = {tp * cp}: each data-parallel rank is "
+            f"a group of tp x cp GPUs; pick --gpus that is"
+        )
+    s = run.strategy
+    strategy = replace(
+        s, tensor_parallel=tp, context_parallel=cp, sequence_parallel=s.sequence_parallel and tp > 1
+    )
+    if tp * cp > 1:
+        strategy = replace(strategy, name="fsdp", fsdp=replace(s.fsdp, cpu_offload=False))
+    cell = replace(
+        run,
+        strategy=strategy,
+        trainer=replace(run.trainer, devices=gpus, num_nodes=1, float8=False),
+        eval_during_fit=replace(run.eval_during_fit, tasks=[]),  # a training-time refusal, not a memory one
+    )
+    if problems := parallel_problems(cell):
+        raise InputError(problems[0])
+    return cell
 
 
 def summary(rows: list[PlanRow]) -> dict[str, Any]:

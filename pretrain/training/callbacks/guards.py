@@ -132,13 +132,13 @@ class StepGuard(Callback):
             "lr_steps_left": self.lr_steps_left,
             "events": list(self.events),
         }
-        self._settle()
         if (
             self.snapshot is not None
             and trainer is not None
             and (trainer.world_size == 1 or _replicated(trainer))  # a shard of rank 0 is no use to others
             and self.snapshot["step"] != trainer.global_step
         ):
+            self._settle()  # (the copy of an older snapshot; the one just started is not saved)
             state["snapshot"] = self.snapshot
         return state
 
