@@ -198,7 +198,7 @@ def metric_by_step(rows: list[dict[str, str]], name: str) -> dict[int, float]:
 
 def checkpoint_step(path: Path) -> int:
     """``global_step`` stored in a checkpoint file or sharded directory, or -1 while there is none."""
-    from pretrain.training.checkpoint.resume import checkpoint_step as stored_step
+    from pretrain.checkpoint.resume import checkpoint_step as stored_step
 
     try:
         return stored_step(Path(path)) if Path(path).is_dir() else int(read(path, mmap=True)["global_step"])
@@ -313,7 +313,7 @@ def launch_losses(run_dir: Path) -> list[dict[int, float]]:
 def model_weights(checkpoint: Path) -> dict:
     """The ``state_dict`` of a checkpoint file, or of a sharded directory (DCP: whole tensors)."""
     if Path(checkpoint).is_dir():
-        from pretrain.training.checkpoint import dcp
+        from pretrain.checkpoint import dcp
 
         return dcp.read(checkpoint, lambda key: key.startswith("state_dict."))["state_dict"]
     return read(checkpoint)["state_dict"]

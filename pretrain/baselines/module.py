@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-import torch
 from torch import Tensor, nn
 
 from pretrain.config import OptimConfig, RunConfig
@@ -14,10 +13,10 @@ from pretrain.errors import InputError
 from pretrain.objectives.base import Objective
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.optim import build_optimizer, build_scheduler
-from pretrain.training.step import FreeGradientsAfterStep, StepLoss, starts_step
+from pretrain.training.step import FreeGradientsAfterStep, StepLossHooks
 
 
-class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
+class BaselineModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
     """A model and a loss giving summable ``loss_sum``, ``num_targets`` (and ``num_correct``) per batch; the mean
     loss of each batch is minimised with the run's AdamW + schedule (``pretrain.optim``). Logs ``train/*`` and
     ``val/*`` (loss, accuracy, perplexity for token-prediction models)."""
@@ -30,15 +29,9 @@ class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
         self.model, self.optim, self.max_steps, self.objective = model, optim, max_steps, objective
         self.flops_per_batch: float | None = None  # read by the ThroughputMonitor
         self._val_sums: dict[str, Tensor] = {}
-        self.step_loss: StepLoss | None = None  # the running optimizer step's loss (read by the guards)
 
     def on_train_start(self) -> None:
-        from pretrain.compat.lightning import engine_divides_by_accumulation
-
-        world = self.trainer.world_size
-        reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
-        twice = engine_divides_by_accumulation(self.trainer.strategy)
-        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice)
+        self.start_step_loss()
 
     def sums(self, batch: dict[str, Tensor], training: bool) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -49,14 +42,10 @@ class BaselineModule(FreeGradientsAfterStep, L.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         sums = self.sums(batch, training=True)
-        k, step = self.trainer.accumulate_grad_batches, self.step_loss
-        assert step is not None
-        if starts_step(batch_idx, k):
-            step.begin(torch.tensor(k, device=self.device))
         metrics = self._metrics({k: v.detach().float() for k, v in sums.items()})
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
-        return step.add_mean(sums["loss_sum"] / sums["num_targets"].clamp_min(1))
+        return self.step_mean(sums["loss_sum"] / sums["num_targets"].clamp_min(1), batch_idx)
 
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {}

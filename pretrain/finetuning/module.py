@@ -21,7 +21,7 @@ from pretrain.models.heads import Packing, TaskModel
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX
 from pretrain.optim import param_groups
-from pretrain.training.step import FreeGradientsAfterStep, StepLoss, starts_step
+from pretrain.training.step import FreeGradientsAfterStep, StepLossHooks
 
 
 def finetune_optimizer(
@@ -49,7 +49,7 @@ def finetune_optimizer(
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
+class _FinetuneBase(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
     """What both finetuning modules share: the checkpoint payload `pretrain export` / ``finetuned.pt`` read,
     and the loss scale DeepSpeed needs."""
 
@@ -57,7 +57,6 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
     resume_changes: frozenset[str] = frozenset()  # resume_allow entries that differ (pretrain.finetuning.run)
     base_lrs: tuple[float, ...] = ()  # each parameter group's base learning rate (configure_optimizers)
     flops_per_batch = 0.0  # model FLOPs of the last training micro-batch (read by the throughput monitor)
-    step_loss: StepLoss | None = None  # the running optimizer step's loss (read by the guards)
 
     def _count_flops(self, backbone: Transformer, batch: dict[str, Any], lm_head: bool) -> None:
         """``flops_per_batch``: ``Transformer.flops_per_token`` (forward + backward; the LM head only for
@@ -70,12 +69,7 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
         self.flops_per_batch = cache[S, T] * B
 
     def on_train_start(self) -> None:
-        from pretrain.compat.lightning import engine_divides_by_accumulation
-
-        world = self.trainer.world_size
-        reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
-        twice = engine_divides_by_accumulation(self.trainer.strategy)
-        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice)
+        self.start_step_loss()
         restart_schedules(self, self.base_lrs)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -86,15 +80,6 @@ class _FinetuneBase(FreeGradientsAfterStep, L.LightningModule):
         out = finetune_optimizer(self.cfg, backbone, head, self.cfg.trainer.max_steps)
         self.base_lrs = tuple(g["initial_lr"] for g in out["optimizer"].param_groups)
         return out
-
-    def _step_mean(self, mean: Tensor, batch_idx: int) -> Tensor:
-        """Record a micro-batch's mean loss (over the ranks' mean: ``mean`` of every rank averages to it) for the
-        guards (``StepLoss.add_mean``); return what it backpropagates."""
-        k, step = self.trainer.accumulate_grad_batches, self.step_loss
-        assert step is not None
-        if starts_step(batch_idx, k):
-            step.begin(torch.tensor(k, device=mean.device))
-        return step.add_mean(mean)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from pretrain.checkpoint import PAYLOAD
@@ -163,7 +148,7 @@ class FinetuneModule(_FinetuneBase):
         loss = self._training_loss(batch)
         # equal micro-batches on every rank: the mean over ranks is the global batch's loss
         self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
-        return self._step_mean(loss, batch_idx)
+        return self.step_mean(loss, batch_idx)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         loss, preds, labels = self._loss(batch)
@@ -229,7 +214,7 @@ class Text2TextModule(_FinetuneBase):
         total = self.trainer.strategy.reduce(count.float(), reduce_op="sum") if world > 1 else count
         loss = loss_sum / total.clamp_min(1)
         self.log("train/loss", loss.detach(), prog_bar=True, reduce_fx="sum", sync_dist=world > 1)
-        return self._step_mean(loss * world, batch_idx)
+        return self.step_mean(loss * world, batch_idx)
 
     def _all_ranks_finished(self) -> Any:
         """Decoding (greedy, sampled or beam) stops when every rank's has: each step is a forward pass, a

@@ -135,7 +135,8 @@ class ModelConfig:
     (grouped-query attention when g < h), ``d_ff`` = MLP width (per branch for gated activations).
 
     Every field identifies the weights (their shapes and the function they compute) except ``RUN_TIME``: the
-    attention backend (same function), dropout (training only), the initialisation (fresh weights only) and the
+    attention backend (same function), dropout (training only), the initialisation (``init``, ``init_std``,
+    ``zero_init_projections``: fresh weights only) and the
     special-token ids (the tokenizer's). A checkpoint resumes under any run-time settings (``identity``).
     """
 
@@ -146,6 +147,7 @@ class ModelConfig:
             "attn_dropout",
             "init",
             "init_std",
+            "zero_init_projections",
             "pad_token_id",
             "eos_token_id",
             "decoder_start_token_id",

@@ -42,17 +42,9 @@ Rule = tuple[
     tuple[str, ...], tuple[str, ...], bool
 ]  # (our keys, HF keys: the same rows; transpose each HF one)
 
-# Fields that do not change the function a model computes (or have no HF counterpart); not compared by to_hf.
-_UNCHECKED = {
-    "init",
-    "init_std",
-    "dropout",
-    "attn_dropout",
-    "pad_token_id",
-    "eos_token_id",
-    "decoder_start_token_id",
-    "attention",  # the backend computes the same function
-    "zero_init_projections",  # an initialisation
+# Fields that do not change the function a model computes (ModelConfig.RUN_TIME: backend, dropout, initialisation,
+# special-token ids) or have no HF counterpart; not compared by to_hf.
+_UNCHECKED = ModelConfig.RUN_TIME | {
     "mup_base_width",  # only read under parametrization=mup, which to_hf folds away (standard_equivalent)
 }
 

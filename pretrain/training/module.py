@@ -30,7 +30,13 @@ from pretrain.objectives.loss import num_correct
 from pretrain.optim import build_optimizer, build_scheduler, describe, group_param_names
 from pretrain.parallel.mesh import context_parallel_position, data_parallel_position
 from pretrain.parallel.tensor import vocabulary_parallel
-from pretrain.training.step import STEP_TARGETS, FreeGradientsAfterStep, StepGroups, StepLoss, dropout_seed
+from pretrain.training.step import (
+    STEP_TARGETS,
+    FreeGradientsAfterStep,
+    StepGroups,
+    StepLossHooks,
+    dropout_seed,
+)
 from pretrain.training.strategies import optimizer_offloaded
 
 TARGET_POSITIONS = (
@@ -102,7 +108,7 @@ def _seed_generators(seed: int, device: torch.device) -> None:
         torch.get_device_module(device).manual_seed(seed)
 
 
-class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
+class PretrainModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
     """Backbone (``pretrain.models.transformer.Transformer``) trained with ``objective``; logs loss, accuracy, perplexity
     (LM objectives), tokens seen, learning rate and gradient norm; MFU comes from ``flops_per_batch``."""
 
@@ -142,7 +148,6 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
         self.base_lrs: list[float] = []  # each parameter group's base learning rate (configure_optimizers)
         self.decayed_tensors = 0  # weight-decayed parameter tensors (set by configure_optimizers)
         self._flops_per_sample: dict[tuple[int, int | None], tuple[float, float]] = {}
-        self.step_loss: StepLoss | None = None  # the running optimizer step's loss terms (set at train start)
         self._num_correct: Tensor | None = None
         self._val_sums: dict[str, Tensor] = {}
 
@@ -181,9 +186,7 @@ class PretrainModule(FreeGradientsAfterStep, L.LightningModule):
 
     # ------------------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
-        twice = lightning_compat.engine_divides_by_accumulation(self.trainer.strategy)
-        k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
-        self.step_loss = StepLoss(k, world, self._reduce, twice)
+        self.start_step_loss()
         restart_schedules(self, self.base_lrs)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:

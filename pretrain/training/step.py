@@ -130,6 +130,32 @@ class StepLoss:
         return mean * self.engine_factor
 
 
+class StepLossHooks:
+    """LightningModule side of :class:`StepLoss`: ``step_loss`` (the running optimizer step's loss, read by the
+    guards) made when training starts, for the Trainer's accumulation, data-parallel world and engine, and
+    ``step_mean`` recording a micro-batch's mean loss into it."""
+
+    trainer: Any
+    step_loss: StepLoss | None = None
+
+    def start_step_loss(self) -> None:
+        from pretrain.compat.lightning import engine_divides_by_accumulation
+
+        world = self.trainer.world_size
+        reduce = (lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")) if world > 1 else (lambda t: t)
+        twice = engine_divides_by_accumulation(self.trainer.strategy)
+        self.step_loss = StepLoss(self.trainer.accumulate_grad_batches, world, reduce, twice)
+
+    def step_mean(self, mean: Tensor, batch_idx: int) -> Tensor:
+        """Record micro-batch ``batch_idx``'s mean loss (over the ranks' mean: ``mean`` of every rank averages to
+        it) for the guards (``StepLoss.add_mean``); return what it backpropagates."""
+        k, step = self.trainer.accumulate_grad_batches, self.step_loss
+        assert step is not None
+        if starts_step(batch_idx, k):
+            step.begin(torch.tensor(k, device=mean.device))
+        return step.add_mean(mean)
+
+
 class FreeGradientsAfterStep:
     """LightningModule hooks: the gradients freed right after each update, as a plain loop (and torchtitan's
     ``train_step``) does. Lightning's automatic optimisation frees them just before the next backward, so a step's

@@ -22,6 +22,7 @@ CHANGED = {
     "attn_dropout": 0.1,
     "init": "bert",
     "init_std": 0.05,
+    "zero_init_projections": True,
     "pad_token_id": 1,
     "eos_token_id": 2,
     "decoder_start_token_id": 1,

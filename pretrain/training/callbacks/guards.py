@@ -54,7 +54,7 @@ from torch import Tensor
 
 from pretrain.config.run import GuardsConfig, HangGuardConfig
 from pretrain.training.callbacks.host_sync import DeferredRead, allowed
-from pretrain.training.step import StepLoss, ends_step, starts_step
+from pretrain.training.step import ends_step
 
 
 def _cpu_copy(obj: Any, into: Any = None) -> Any:
@@ -105,7 +105,6 @@ class StepGuard(Callback):
         self.events: list[dict[str, Any]] = []
         self.snapshot: dict[str, Any] | None = None
         self._trainer: L.Trainer | None = None
-        self._backward_loss: StepLoss | None = None  # for a module without its own StepLoss
         # (step, data position, verdict) of the step being decided
         self._pending: tuple[int, tuple[int, int], DeferredRead] | None = None
         self._lr_scaled: list[tuple[float, float]] | None = None
@@ -159,27 +158,11 @@ class StepGuard(Callback):
         if self.snapshot is None:
             self._take_snapshot(trainer, force=True)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
-    ) -> None:
-        """A module without a ``StepLoss`` (finetuning) is guarded by the loss it backpropagates: a constant
-        multiple of its step loss, which is all the spike test and the non-finite check need."""
-        if getattr(pl_module, "step_loss", None) is None and starts_step(
-            idx, trainer.accumulate_grad_batches
-        ):
-            self._backward_loss = StepLoss(trainer.accumulate_grad_batches, 1, lambda t: t, twice=False)
-            self._backward_loss.begin(torch.full((), trainer.world_size, device=pl_module.device))
-
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
-        if self._backward_loss is not None:
-            scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed: a host read of its scale
-            self._backward_loss.add_mean(loss / (scaler.get_scale() if scaler is not None else 1.0))
-
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """The verdict on the device: all-reduce (sum_m S_m, non-finite flag), skip the update where due."""
-        step = getattr(pl_module, "step_loss", None) or self._backward_loss
+        step = pl_module.step_loss  # every module's (training.step.StepLossHooks), made at train start
         params = [p for group in optimizer.param_groups for p in group["params"]]
         flags = torch.stack([step.loss_sum, _nonfinite(step.grad_norm(params), step.loss_sum.device)])
         if trainer.world_size > 1:
