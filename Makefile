@@ -9,7 +9,7 @@ SHARED_DATA ?= $(abspath ../shared/data)
 FIND_LINKS = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null | sed 's/^/--find-links /')
 UV = $(PYTHON) -m uv pip install -q --python $(PYTHON) $(FIND_LINKS)
 
-.PHONY: install demo test bench
+.PHONY: install demo test test-all bench
 
 install:
 	$(PYTHON) -m pip install -q uv
@@ -33,6 +33,14 @@ TEST_WORKERS ?= 2
 
 test: install
 	$(PYTHON) -m mypy  # pretrain/ as pyproject.toml's [tool.mypy] says (cold: ~55 s on 2 cores)
+	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		-m "not heavy"
+
+# everything, the `heavy` tier included: end-to-end runs whose kind another test already covers (every verb on every
+# checkpoint kind, the BERT/T5 SIGKILL cells, the tiny recipes against the unigram baseline, the long-context
+# recipes, the GPU check's CPU mode, SLURM sbatch); about twice the CPU time of `make test`
+test-all: install
+	$(PYTHON) -m mypy
 	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: install

@@ -33,6 +33,8 @@ KINDS = {
 }
 STEPS = 6
 
+pytestmark = pytest.mark.heavy  # make test-all
+
 
 def train_recipe(directory: Path, world: dict) -> Path:
     directory.mkdir(parents=True, exist_ok=True)

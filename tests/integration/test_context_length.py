@@ -34,6 +34,7 @@ def test_position_losses_average_windows_by_position():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_long_context_recipes_run(tmp_path, shared_data):
     paths = [f"tokenizer.path={tmp_path / 'tok.json'}", f"data.sources.0.prepared={tmp_path / 'data'}"]
     run_cli("tokenizer", "recipes/swa-decoder-wikitext2.yaml", *paths, PRETRAIN_SHARED_DATA=str(shared_data))

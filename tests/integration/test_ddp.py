@@ -55,7 +55,10 @@ def test_two_processes_match_one_process_with_twice_the_batch(tmp_path, tiny_wor
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["gpt", "bert", "t5"])
+@pytest.mark.parametrize(
+    "kind",
+    ["gpt", pytest.param("bert", marks=pytest.mark.heavy), pytest.param("t5", marks=pytest.mark.heavy)],
+)
 def test_ddp_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind):
     runs = {}
     for name in ("full", "killed"):

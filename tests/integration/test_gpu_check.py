@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
+
+pytestmark = pytest.mark.heavy  # make test-all
 
 
 def gpu_check(out: Path, *args: str) -> subprocess.CompletedProcess:

@@ -109,6 +109,7 @@ def test_torchrun_two_nodes_match_one_process(tmp_path, tiny_world, one_process_
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_slurm_sbatch_two_nodes_match_one_process(tmp_path, tiny_world, one_process_losses):
     path = two_nodes(tmp_path, tiny_world)
     bin_dir = tmp_path / "bin"

@@ -38,6 +38,7 @@ def trained(shakespeare) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("recipe", sorted(STEPS))
 def test_tiny_recipe_beats_the_unigram_baseline(shakespeare, trained, recipe):
     val = metric_by_step(read_metrics(trained[recipe]), "val/loss")

@@ -78,8 +78,8 @@ def check_wandb(run_dir, killed_at: int) -> None:
     ("kind", "accumulate", "optim"),
     [
         ("gpt", 1, "adamw"),
-        ("bert", 2, "adamw"),
-        ("t5", 1, "adamw"),
+        pytest.param("bert", 2, "adamw", marks=pytest.mark.heavy),
+        pytest.param("t5", 1, "adamw", marks=pytest.mark.heavy),
         ("gpt", 2, "muon"),
         ("gpt-tp2", 1, "adamw"),
     ],
@@ -209,7 +209,7 @@ def test_truncated_newest_checkpoints_fall_back_to_the_previous_valid_one(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.heavy)])
 def test_extended_then_preempted_run_equals_one_uninterrupted_run(tmp_path, tiny_world, devices):
     """A finished 4-step run extended to 16 steps (its end-of-fit checkpoint is mid-epoch) continues the data;
     SIGTERM mid-way (to rank 0 only under DDP: the ranks agree) saves after the step, exits 143 with a resume
