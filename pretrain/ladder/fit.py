@@ -160,6 +160,9 @@ def fit_law(
     return LawFit(Law.from_x(best_x), best_x, best_value, starts[order])
 
 
+MAX_LOG_FLOAT = math.log(np.finfo(float).max)
+
+
 def bootstrap_laws(
     N: Sequence[float],
     D: Sequence[float],
@@ -182,7 +185,8 @@ def bootstrap_laws(
         data = (np.log(N[pick]), np.log(D[pick]), np.log(L[pick]))
         results = [_lbfgs(x0, data, delta) for x0 in x0s]
         x, value = min(results, key=lambda r: r[1] if np.isfinite(r[1]) else np.inf)
-        if np.isfinite(value):
+        # a resample that drifts to E, A or B beyond float range (its log past ~709) is dropped as a diverged one
+        if np.isfinite(value) and np.all(x[:3] < MAX_LOG_FLOAT):
             laws.append(Law.from_x(x))
     return laws
 

@@ -89,3 +89,24 @@ def test_isoflop_parabolas_find_the_minimum_and_its_power_law():
     below = isoflop_parabola(1e18, [1e9, 2e9, 4e9], CHINCHILLA.loss(np.array([1e9, 2e9, 4e9]), 1e18 / 6e9))
     assert not below.inside  # the optimum (~0.1B) lies below every size run: the sizes do not span the budget
     assert math.isfinite(below.coefficients[0])
+
+
+def test_a_bootstrap_resample_whose_optimum_leaves_float_range_is_dropped(monkeypatch):
+    """A resample of few cells can drive log A past ~709 (exp overflows): it is dropped as a diverged resample
+    instead of ending the ladder with an OverflowError (seen on the reduced CI ladder)."""
+    from pretrain.ladder import fit
+
+    N, D = np.array([1e5, 2e5, 4e5, 1e5, 2e5, 4e5]), np.array([1e7, 1e7, 1e7, 4e7, 4e7, 4e7])
+    L = Law(E=1.5, A=400.0, alpha=0.34, B=410.0, beta=0.28).loss(N, D)
+    full = fit_law(N, D, L)
+    calls = iter(range(10_000))
+
+    def lbfgs(x0, data, delta):  # every other resample "converges" to log A = 1000
+        x = np.array(x0, float)
+        if next(calls) % 2 == 0:
+            x[0] = 1000.0
+        return x, 0.0
+
+    monkeypatch.setattr(fit, "_lbfgs", lbfgs)
+    laws = bootstrap_laws(N, D, L, full, samples=4, starts=0)
+    assert len(laws) == 2 and all(math.isfinite(law.A) for law in laws)
