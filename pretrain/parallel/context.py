@@ -61,25 +61,34 @@ DECODER_PADDING = {
 KEY_MASKS = ("attention_mask", "decoder_attention_mask")
 
 
-@functools.lru_cache(maxsize=64)
 def chunk_positions(seq_len: int, rank: int, size: int) -> Tensor:
     """(seq_len / size,) the global positions rank ``rank`` of ``size`` holds: chunks rank and 2 size - 1 - rank
-    of seq_len / (2 size) positions each."""
+    of seq_len / (2 size) positions each. A new tensor per call (the cache holds integers: a cached tensor made
+    under a fake mode, as ``pretrain plan`` traces, would be fake for every later caller)."""
+    return torch.tensor(_chunk_positions(seq_len, rank, size))
+
+
+def natural_order(seq_len: int, size: int) -> Tensor:
+    """(seq_len,) index into the concatenation of every rank's positions (rank 0's first) that puts them in
+    order 0..seq_len-1."""
+    return torch.tensor(_natural_order(seq_len, size))
+
+
+@functools.lru_cache(maxsize=64)
+def _chunk_positions(seq_len: int, rank: int, size: int) -> tuple[int, ...]:
     if seq_len % (2 * size):
         raise ValueError(
             f"a sequence of {seq_len} positions does not split into 2 x context_parallel = {2 * size} chunks"
         )
     chunk = seq_len // (2 * size)
     first, second = rank * chunk, (2 * size - 1 - rank) * chunk
-    return torch.cat((torch.arange(first, first + chunk), torch.arange(second, second + chunk)))
+    return (*range(first, first + chunk), *range(second, second + chunk))
 
 
 @functools.lru_cache(maxsize=64)
-def natural_order(seq_len: int, size: int) -> Tensor:
-    """(seq_len,) index into the concatenation of every rank's positions (rank 0's first) that puts them in
-    order 0..seq_len-1."""
-    held = torch.cat([chunk_positions(seq_len, r, size) for r in range(size)])
-    return torch.argsort(held)
+def _natural_order(seq_len: int, size: int) -> tuple[int, ...]:
+    held = [p for r in range(size) for p in _chunk_positions(seq_len, r, size)]
+    return tuple(sorted(range(seq_len), key=held.__getitem__))
 
 
 @dataclass(frozen=True)
