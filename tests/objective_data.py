@@ -44,6 +44,13 @@ def tiny_tokenizer(num_sentinels: int = 100, without: tuple[str, ...] = ()) -> T
     return tok
 
 
+def tiny_model_config(arch: str, **fields: object) -> ModelConfig:
+    """A 2-layer, d 32 model over ``tiny_tokenizer``'s vocabulary (``fields`` override or add)."""
+    vocab = tiny_tokenizer().get_vocab_size()
+    base = {"arch": arch, "vocab_size": vocab, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64}
+    return ModelConfig(**{**base, "max_seq_len": 128, **fields})  # type: ignore[arg-type]
+
+
 @functools.cache
 def packed_stream(num_sentinels: int = 100) -> torch.Tensor:
     """Token ids of the corpus's speeches, each followed by EOS, concatenated (1-D)."""

@@ -11,10 +11,17 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from objective_data import ALL_OBJECTIVES, generators, packed_batch, rebuild, sentinel_set, tiny_tokenizer
+from objective_data import (
+    ALL_OBJECTIVES,
+    generators,
+    packed_batch,
+    rebuild,
+    sentinel_set,
+    tiny_model_config,
+    tiny_tokenizer,
+)
 
 from pretrain import objectives
-from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX
 
@@ -49,14 +56,8 @@ def model(arch: str, position: str, backend: str = "sdpa") -> Transformer:
     key = (arch, position, backend)
     if key not in _MODELS:
         torch.manual_seed(0)
-        config = ModelConfig(
-            arch=arch,
-            vocab_size=tiny_tokenizer().get_vocab_size(),
-            d_model=32,
-            n_layer=2,
-            n_head=2,
-            d_ff=64,
-            max_seq_len=128,
+        config = tiny_model_config(
+            arch,
             position=position,
             attention=backend,
             decoder_start_token_id=0 if arch == "encoder-decoder" else None,

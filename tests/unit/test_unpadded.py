@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from objective_data import corpus_paragraphs, tiny_tokenizer
+from objective_data import corpus_paragraphs, tiny_model_config, tiny_tokenizer
 
 from pretrain.datamodules.finetune import FinetuneDataModule, PackedCollate, PaddingCollate
 from pretrain.datamodules.text2text import PackedText2TextCollate, Text2TextCollate, Text2TextDataModule
@@ -56,14 +56,8 @@ def examples(tmp_path, regression: bool = False, n: int = 24) -> list:
 
 def task_model(arch: str, pooling: str, num_labels: int) -> TaskModel:
     torch.manual_seed(0)
-    config = ModelConfig(
-        arch=arch,
-        vocab_size=tiny_tokenizer().get_vocab_size(),
-        d_model=32,
-        n_layer=2,
-        n_head=2,
-        d_ff=64,
-        max_seq_len=128,
+    config = tiny_model_config(
+        arch,
         position="relative" if arch == "encoder-decoder" else "learned",
         pooler=pooling == "pooler",
         type_vocab_size=2 if arch == "encoder" else 0,
