@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from pretrain.compat.muon import newton_schulz_dtype, resolve
+from pretrain.compat.optim import honours_found_inf
 from pretrain.config import OptimConfig
 from pretrain.models.config import ModelConfig
 
@@ -152,7 +153,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def skips_on_device(self) -> bool:
         """Whether ``step`` honours ``found_inf`` without reading it on the host (as a fused optimizer does):
         Muon selects on the device, AdamW needs its fused kernel."""
-        return bool(self.adamw.defaults.get("fused")) and self.adamw._step_supports_amp_scaling
+        return bool(self.adamw.defaults.get("fused")) and honours_found_inf(self.adamw)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
