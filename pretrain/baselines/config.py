@@ -112,6 +112,8 @@ BASELINES = {
     "seq2seq": Seq2SeqBaseline,
 }
 
+READS = {"sgns": set(), "glove": set(), "rnn_lm": {"objective"}, "seq2seq": set()}  # of model and objective
+
 
 def load_config(
     recipe: str | Path, overrides: list[str] | None = None
@@ -124,8 +126,17 @@ def load_config(
             f"{recipe}: a baseline recipe needs a section `baselines` with kind in {list(BASELINES)} "
             f"(pieces in configs/baselines/), got {section!r:.80}"
         )
+    kind = section["kind"]
+    unread = sorted(key for key in ("model", "objective") if key in raw and key not in READS[kind])
+    if unread:
+        named = [leaf for key in unread for leaf in _leaves(raw[key]) if leaf in section]
+        example = named[0] if named else next(key for key in section if key != "kind")
+        raise InputError(
+            f"{', '.join(unread)}: a {kind} baseline has no such section (its settings are under `baselines`, "
+            f"e.g. baselines.{example}); drop it from the recipe or the overrides"
+        )
     run = config.validate(raw)
-    baseline = config.structured(BASELINES[section["kind"]], section, "baselines")
+    baseline = config.structured(BASELINES[kind], section, "baselines")
     if run.trainer.devices != 1 or run.trainer.num_nodes != 1:
         raise InputError("baselines train on one device; set trainer.devices=1 trainer.num_nodes=1")
     if run.strategy.name in ("fsdp", "deepspeed"):
@@ -135,3 +146,10 @@ def load_config(
         )
     resolved = {k: v for k, v in config.to_dict(run).items() if k not in ("model", "resume")}  # unused here
     return run, baseline, {**resolved, "baselines": dataclasses.asdict(baseline)}
+
+
+def _leaves(node: Any) -> list[str]:
+    """The key names under ``node`` (a composed section), depth first."""
+    if not isinstance(node, dict):
+        return []
+    return [name for key, value in node.items() for name in (key, *_leaves(value))]

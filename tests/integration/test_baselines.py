@@ -21,8 +21,6 @@ from pretrain.cli import main as cli_main
 from pretrain.models.rnn import RNNConfig, RNNLanguageModel
 from pretrain.models.word_vectors import WordVectors, word_tokenizer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 QUIET = [
     "logger.wandb.enabled=false",
     "logger.csv=false",
@@ -208,6 +206,11 @@ def test_bad_recipes_fail_before_training(corpus, capsys):
         load_config("recipes/seq2seq-attn-reverse.yaml", ["baselines.task=parallel"])
     with pytest.raises(ValueError, match="one device"):
         load_config("recipes/lstm-lm-tiny.yaml", ["trainer.devices=2"])
+    # a section the kind never reads is refused, not silently ignored (nor blamed on a 'clm' objective)
+    with pytest.raises(ValueError, match=r"^objective: a sgns baseline has no such section .*baselines\.window"):
+        load_config("recipes/sgns-tiny.yaml", ["objective.options.window=abc"])
+    with pytest.raises(ValueError, match=r"^model: a glove baseline has no such section"):
+        load_config("recipes/glove-tiny.yaml", ["model.n_layer=3"])
     with pytest.raises(ValueError, match="strategy.name=deepspeed: baselines train on one device"):
         load_config("recipes/lstm-lm-tiny.yaml", ["strategy.name=deepspeed"])
     with pytest.raises(ValueError, match="vocabulary is empty after min-count filtering"):
