@@ -13,7 +13,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# one thread per test process: `make test` runs two pytest workers on the machine's 2 cores, and tiny kernels run
+# far faster on one thread than on two contended ones (OpenMP barriers); subprocess runs get OMP_NUM_THREADS=1 too
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -89,13 +91,3 @@ def shakespeare(tmp_path_factory) -> dict:
     p = np.bincount(np.asarray(IndexedDataset(root / "data" / "train").tokens))
     p = p[p > 0] / p.sum()  # H = -sum_v p(v) log p(v): the loss of the best context-free predictor of a token
     return {"root": root, "paths": paths, "unigram": float(-(p * np.log(p)).sum())}
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny sequential kernels run far faster on one thread than on two contended ones (OpenMP barriers); a module
-    opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

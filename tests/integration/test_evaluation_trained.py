@@ -19,8 +19,6 @@ from pretrain.evaluation.tasks import TaskConfig, load_examples
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is far faster
-
 CAUSES = ["rain", "sun", "fire", "ice", "wind", "snow", "storm", "frost", "heat", "fog", "dust", "smoke"]
 EFFECTS = [
     "mud",

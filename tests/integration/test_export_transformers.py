@@ -20,7 +20,6 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: one thread beats two contended ones
 GPT = TINY_MODEL["gpt"]  # tied embeddings (GPT-2)
 LLAMA = SCORING_ARCHS["llama"]
 T5_V1_1 = TINY_MODEL["t5"]  # untied: lm_head is its own matrix, decoder outputs unscaled (T5 v1.1)

@@ -15,7 +15,6 @@ from training_utils import TINY_MODEL
 from pretrain.finetuning.config import validate
 from pretrain.finetuning.run import run
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: one thread beats two contended ones
 FILLER = ["the", "film", "movie", "plot", "was", "is", "a", "really", "quite", "so"]
 TINY = {"vocab_size": 448, "d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 32}
 NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0}

@@ -14,7 +14,6 @@ from training_utils import one_error_line
 from pretrain.checkpoint import read
 from pretrain.cli import main
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 WORDS = ["the", "film", "plot", "was", "good", "bad", "quite", "really"]
 
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import gc
 
-import pytest
 from lightning.pytorch.callbacks import Callback
 from training_utils import tiny_recipe
 
 from pretrain import config
 from pretrain.training.setup import prepare_run
 from pretrain.training.trainer import build_trainer
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class CyclesAndCollections(Callback):

@@ -22,7 +22,6 @@ from pretrain.cli import main as cli_main
 from pretrain.training.callbacks.plots import read_curves
 
 WORKER = Path(__file__).with_name("fit_worker.py")
-pytestmark = pytest.mark.usefixtures("one_thread")  # in-process fits, as run_cli subprocesses
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,6 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.hf import save_hf
 from pretrain.models.transformer import Transformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is far faster
-
 LM_EVAL_METRICS = {
     "multiple_choice": ["acc", "acc_norm"],
     "schema": ["acc"],

@@ -36,8 +36,6 @@ PAIRS = [
     ("You are all resolved rather to die than to famish? All: Resolved. resolved. First Citizen:", " First"),
 ]
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def world(shipped_corpus, tmp_path_factory):

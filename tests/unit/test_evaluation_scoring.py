@@ -25,8 +25,6 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.generation import generate
 from pretrain.models.transformer import Transformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is far faster
-
 
 @pytest.fixture(scope="module")
 def corpus(shipped_corpus) -> str:

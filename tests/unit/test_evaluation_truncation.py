@@ -16,8 +16,6 @@ from pretrain.evaluation.tasks import TaskConfig
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def setup(shipped_corpus, tmp_path_factory):

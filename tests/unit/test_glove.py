@@ -13,8 +13,6 @@ from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from pretrain.models.word_vectors import GloVeModel, WordVectors, word_tokenizer
 from pretrain.objectives.glove import GloVe, cooccurrence, glove_weight
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 SPECIALS = list(DEFAULT_SPECIAL_TOKENS.values())
 EOS = SPECIALS.index("</s>")
 N_SPECIAL = len(SPECIALS)

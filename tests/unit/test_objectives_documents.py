@@ -25,8 +25,6 @@ from pretrain import objectives
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 SEQ_LEN = 40
 ARCH = {
     "clm": "decoder",

@@ -22,9 +22,6 @@ from pretrain.objectives.loss import token_cross_entropy
 PAD, BOS, EOS = 0, 1, 2
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def lm(**kw) -> RNNLanguageModel:
     torch.manual_seed(0)
     return RNNLanguageModel(

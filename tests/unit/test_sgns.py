@@ -10,8 +10,6 @@ from pretrain.datamodules.special_tokens import DEFAULT_SPECIAL_TOKENS
 from pretrain.models.word_vectors import Word2Vec, WordVectors, word_tokenizer
 from pretrain.objectives.sgns import SkipGram, keep_probability, token_counts, vocabulary
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 SPECIALS = list(DEFAULT_SPECIAL_TOKENS.values())
 EOS = SPECIALS.index("</s>")
 N_SPECIAL = len(SPECIALS)

@@ -18,8 +18,6 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.heads import Packing, TaskModel
 from pretrain.models.transformer import Transformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 BACKBONES = {  # arch, pooling
     "bert-first": ("encoder", "first"),
     "bert-pooler": ("encoder", "pooler"),
