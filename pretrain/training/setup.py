@@ -364,7 +364,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
             "cannot: put run_dir on a local Linux file system, or set checkpoint.async_save=false"
         )
     tokenizer = load_tokenizer(run.tokenizer.path)
-    ids = model_token_ids(run, tokenizer)
+    ids: dict[str, Any] = model_token_ids(run, tokenizer)  # ModelConfig's special-token id fields
     run.model = dataclasses.replace(run.model, **ids)
     resolved["model"] = {**resolved["model"], **ids}
     objective = build_objective(run, tokenizer)
