@@ -128,7 +128,7 @@ def test_a_save_writes_the_guards_snapshot_of_its_state_instead_of_copying_it_ag
     import torch.distributed.checkpoint
 
     from pretrain.checkpoint import dcp
-    from pretrain.checkpoint.convert import dcp_state
+    from pretrain.checkpoint.optimizer_state import dcp_state
     from pretrain.config.run import GuardsConfig
     from pretrain.training.callbacks.guards import StepGuard
 
