@@ -5,9 +5,11 @@ PYTHON ?= python3
 SHARED_DATA ?= $(abspath ../shared/data)
 # uv installs into $(PYTHON)'s environment: from its cache a fresh environment takes seconds, where pip spends
 # 5-10 minutes unpacking the same ~250 wheels every time. Local wheels named by pip's find-links (a machine's CPU
-# build of torch, say) are offered to uv too.
+# build of torch, say) are offered to uv too. --compile-bytecode writes the .pyc files pip would (uv does not by
+# default): where Python may not write them itself (PYTHONDONTWRITEBYTECODE=1, a read-only environment) every
+# process would otherwise compile torch, Lightning and sympy from source, ~10 CPU-s before a run starts.
 FIND_LINKS = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null | sed 's/^/--find-links /')
-UV = $(PYTHON) -m uv pip install -q --python $(PYTHON) $(FIND_LINKS)
+UV = $(PYTHON) -m uv pip install -q --compile-bytecode --python $(PYTHON) $(FIND_LINKS)
 
 .PHONY: install demo test test-all bench
 
@@ -31,7 +33,11 @@ demo: install
 # default (files with the most tests first, which left the long end-to-end files to run last, one worker idle)
 TEST_WORKERS ?= 2
 
+# the checkout's own bytecode too, for the same reason (each test launches ~200 `pretrain` processes)
+COMPILE_SOURCES = $(PYTHON) -m compileall -q -j 0 pretrain objectives datamodules tests benchmarks recipes
+
 test: install
+	$(COMPILE_SOURCES)
 	$(PYTHON) -m mypy  # pretrain/ as pyproject.toml's [tool.mypy] says (cold: ~55 s on 2 cores)
 	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		-m "not heavy"
@@ -40,6 +46,7 @@ test: install
 # checkpoint kind, the BERT/T5 SIGKILL cells, the tiny recipes against the unigram baseline, the long-context
 # recipes, the GPU check's CPU mode, SLURM sbatch); about twice the CPU time of `make test`
 test-all: install
+	$(COMPILE_SOURCES)
 	$(PYTHON) -m mypy
 	PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

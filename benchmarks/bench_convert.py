@@ -123,7 +123,7 @@ def task(name: str, args: list[str]) -> None:
     elif name == "streaming":
         consolidate(args[0], args[1])
     elif name == "whole":  # the consolidation this replaces: every tensor in memory, then one write
-        from pretrain.checkpoint.io import AtomicCheckpointIO
+        from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 
         AtomicCheckpointIO().save_checkpoint(full_checkpoint(args[0]), args[1])
     elif name == "merge":

@@ -213,8 +213,8 @@ def run_pretrain(
     run, resolved = config.load(REPO / "recipes" / "gpt-tiny.yaml", overrides)
     parts = prepare_run(run, resolved)
     trainer = build_trainer(run, resolved, callbacks=[StepClock(), *callbacks])
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
-    model = parts["module"].model.eval()
+    trainer.fit(parts.module, datamodule=parts.datamodule)
+    model = parts.module.model.eval()
     out = clock.result(args.batch * args.seq_len)
     out["val_loss"] = final_val_loss(lambda x: model(x).logits, val_windows(work, args.seq_len), args.batch)
     return out

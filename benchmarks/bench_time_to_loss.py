@@ -344,7 +344,7 @@ def driver(recipe: str, val_ids: str, every: int, start: int) -> None:
 
     parts = prepare_run(run, resolved)
     trainer = build_trainer(run, resolved, callbacks=[Score()])
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
 
 
 def run_pretrain(side: Side, work: Path, name: str, seed: int, threads: int) -> dict:

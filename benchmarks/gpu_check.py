@@ -339,7 +339,7 @@ def leg_plan(work: Path, profile: dict, strategy: str) -> dict:
 
     parts = prepare_run(run, resolved)
     trainer = build_trainer(run, resolved, callbacks=[Peak()])
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
     if trainer.global_rank != 0:
         sys.exit(0)  # a rank Lightning started: rank 0 reports
     result = {"strategy": strategy, "gpus": profile["devices"], "estimate_bytes": estimate["total"],

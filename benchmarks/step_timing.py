@@ -90,7 +90,7 @@ def fit_clocks(overrides: list[str], profiler=None) -> list[Clock]:
     trainer = build_trainer(run, resolved, callbacks=[clock], loggers=build_loggers(run, resolved, None))
     if profiler is not None:
         trainer.profiler = profiler
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
     return clock.times
 
 
@@ -98,10 +98,10 @@ def plain_clocks(overrides: list[str]) -> list[Clock]:
     """The same steps by hand, over the same model (same initial weights), objective and batches."""
     run, resolved = config.load(RECIPE, overrides)
     parts = prepare_run(run, resolved)
-    model, objective = parts["module"].model, parts["module"].objective
+    model, objective = parts.module.model, parts.module.objective
     optimizer = build_optimizer(model, run.optim)
     scheduler = build_scheduler(optimizer, run.optim, run.trainer.max_steps)
-    data = build_data(run, objective, parts["tokenizer"])
+    data = build_data(run, objective, parts.tokenizer)
     data.setup("fit")
     model.train()
     times = []
@@ -154,7 +154,7 @@ def lightning_clocks(overrides: list[str], free_gradients: bool = False) -> list
     run, resolved = config.load(RECIPE, overrides)
     parts = prepare_run(run, resolved)
     cls = _MinimalFreeingModule if free_gradients else _MinimalModule
-    module = cls(parts["module"].model, parts["module"].objective, run)
+    module = cls(parts.module.model, parts.module.objective, run)
     clock = StepClock()
     trainer = lightning.Trainer(
         accelerator="cpu",
@@ -169,5 +169,5 @@ def lightning_clocks(overrides: list[str], free_gradients: bool = False) -> list
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
     )
-    trainer.fit(module, datamodule=build_data(run, parts["module"].objective, parts["tokenizer"]))
+    trainer.fit(module, datamodule=build_data(run, parts.module.objective, parts.tokenizer))
     return clock.times

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pretrain.compat import hub
 from pretrain.errors import InputError
 
 DOCUMENT_MODES = ("line", "blank_line", "file")  # and "separator:S" / "heading:R", naming a line or pattern
@@ -111,7 +112,7 @@ class Source:
         """Content hash: sha256 of the file bytes (all files of a ``save_to_disk`` dir); for a hub
         dataset, the fingerprint ``datasets`` computed for the downloaded data."""
         if self.kind == "hf_hub":
-            return _load_hub(self.location, self.split)._fingerprint
+            return hub.fingerprint(_load_hub(self.location, self.split))
         path = Path(self.location)
         digest = hashlib.sha256()
         for file in [path] if path.is_file() else _files_under(path):
@@ -377,7 +378,7 @@ def _separated_documents(blocks: Iterable[str], separator: str, heading: bool = 
     pattern = re.compile(separator) if heading else None
 
     def boundary(line: str) -> bool:
-        return bool(pattern.fullmatch(line.strip())) if heading else line.strip() == separator
+        return bool(pattern.fullmatch(line.strip())) if pattern is not None else line.strip() == separator
 
     for text in blocks:
         *complete, carry = (carry + text).split("\n")
@@ -404,6 +405,7 @@ def _text_documents(source: Source, document: str, policy: str, stats: CorpusSta
     mode, separator = document_mode(document)
     blocks = (text for text, _ in _iter_text_blocks(source.location, policy, stats, span=_span(source)))
     if mode in ("separator", "heading"):
+        assert separator is not None  # document_mode gives these modes theirs
         yield from map(_trim_blank_lines, _separated_documents(blocks, separator, heading=mode == "heading"))
         return
     if mode == "file":
@@ -439,7 +441,9 @@ def _record_text(record: object, text_field: str, where: str) -> str | None:
     return value
 
 
-def _jsonl_documents(source: Source, text_field: str, policy: str, stats: CorpusStats) -> Iterator[str]:
+def _jsonl_documents(
+    source: Source, text_field: str, policy: str, stats: CorpusStats
+) -> Iterator[str | None]:
     path = source.location
     for text, first_line in _iter_text_blocks(
         path, policy, stats, keep_line_numbers=True, span=_span(source)
@@ -510,6 +514,7 @@ def iter_documents(
         if source.kind in ("text", "jsonl", "parquet") and source.size == 0:
             stats.empty_sources.append(source.location)
             continue
+        docs: Iterator[str | None]
         if source.kind == "text":
             docs = _text_documents(source, document, on_invalid_utf8, stats)
         elif source.kind == "jsonl":

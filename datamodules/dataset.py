@@ -167,7 +167,7 @@ class PackedDataset(Dataset):
         return np.concatenate(parts).astype(np.int64)
 
 
-def normalize_weights(weights: Sequence[float] | None, count: int) -> np.ndarray:
+def normalize_weights(weights: Sequence[float] | np.ndarray | None, count: int) -> np.ndarray:
     """``(count,)`` float64 summing to 1; ``None`` means equal weights. ValueError on bad input."""
     if weights is None:
         return np.full(count, 1.0 / count)
@@ -179,7 +179,7 @@ def normalize_weights(weights: Sequence[float] | None, count: int) -> np.ndarray
     return w / w.sum()
 
 
-def blend_schedule(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+def blend_schedule(weights: Sequence[float] | np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Corpus of each of ``size`` positions, with exact proportions in every prefix.
 
     Returns ``dataset_index (size,)`` int64 and ``dataset_sample_index (size,)`` int64 (how many earlier
@@ -218,7 +218,7 @@ def blend_schedule(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.
 class Sample(NamedTuple):
     """One packed sample and its stream index ``g = epoch * epoch_size + position``."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the stream index g, a field named as tuple's method (not used here)
     tokens: np.ndarray  # (L,) int64
     document_ids: np.ndarray | None = None  # (L,) int64, 0 for the first document (``PackedDataset.sample``)
 
@@ -331,6 +331,9 @@ class ResumableSampler(ShardedSampler):
     the global batch size. ``len()`` stays the whole epoch's count even when resuming mid-epoch, because
     Lightning restores its own batch counter and stops the epoch when that counter reaches ``len``.
     """
+
+    epoch: int
+    consumed_samples: int  # set by load_state_dict
 
     def __init__(
         self,

@@ -105,8 +105,8 @@ def task_pieces(
         f = next((k for k in range(n) if offsets[k] <= goal < offsets[k + 1]), n)
         cut = (n, 0)
         if f < n:
-            large = sizes[f] > total / tasks and cut_at is not None
-            inside = cut_at(f, math.ceil(goal - offsets[f])) if large else None
+            large = sizes[f] > total / tasks
+            inside = cut_at(f, math.ceil(goal - offsets[f])) if large and cut_at is not None else None
             if inside is not None:
                 cut = (f, inside)
             else:
@@ -429,7 +429,8 @@ def _resolve(staging: Path, runs: list[list[Piece]], stats: list, scans: list[di
             done = json.loads((staging / "scan" / f"task-{rank:05d}.json").read_text())
             for piece, docs, lines in zip(scan["pieces"], done["documents"], done["lines"]):
                 counts[tuple(piece)] = (docs, lines)
-    specs, before = [], {}  # before[file]: (documents, lines) of its earlier pieces
+    specs: list[dict[str, Any]] = []
+    before: dict[int, tuple[int, int]] = {}  # before[file]: (documents, lines) of its earlier pieces
     for run in runs:
         positions, first_lines = [], []
         for p in run:
@@ -439,7 +440,7 @@ def _resolve(staging: Path, runs: list[list[Piece]], stats: list, scans: list[di
             if p.end is not None:
                 more = counts[tuple(p)]
                 before[p.file] = (docs + more[0], lines + more[1])
-        spec = {"pieces": [list(p) for p in run], "stats": [stats[p.file] for p in run]}
+        spec: dict[str, Any] = {"pieces": [list(p) for p in run], "stats": [stats[p.file] for p in run]}
         specs.append({**spec, "positions": positions, "first_lines": first_lines, "skip": None})
     if not dedup:
         return specs, [None] * len(runs)

@@ -62,7 +62,7 @@ class Objective(Protocol):
     def raw_length(self, input_length: int) -> int: ...
 
     def __call__(
-        self, tokens: Tensor, generators: Sequence[torch.Generator], document_ids: Tensor | None = None
+        self, tokens: Tensor, generator: Sequence[torch.Generator], document_ids: Tensor | None = None
     ) -> dict[str, Tensor]: ...
 
 
@@ -106,7 +106,9 @@ class ObjectiveCollate:
         if samples[0].document_ids is None:
             batch = self.objective(tokens, generators)
         else:
-            documents = torch.from_numpy(np.stack([s.document_ids for s in samples]))  # (B, L) int64
+            documents = torch.from_numpy(
+                np.stack([s.document_ids for s in samples if s.document_ids is not None])  # every one's
+            )  # (B, L) int64
             batch = self.objective(tokens, generators, documents)
         return batch if self.shard is None else self.shard(batch)
 
@@ -121,6 +123,7 @@ class ReceivedPositionLoader(DataLoader):
         self.position = position
 
     def __iter__(self) -> Any:
+        assert isinstance(self.sampler, ResumableSampler)
         self.sampler.load_state_dict(
             {"epoch": self.position.epoch, "consumed_samples": self.position.consumed_samples}
         )
@@ -406,7 +409,7 @@ class PretrainDataModule(L.LightningDataModule):
             state["schedules"] = [{"first_step": first, **s.spec()} for first, s in self.schedules]
         return state
 
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if int(state_dict["seed"]) != self.seed:
             raise InputError(
                 f"the data state was saved with seed={state_dict['seed']} but this datamodule has "
@@ -426,6 +429,7 @@ class PretrainDataModule(L.LightningDataModule):
         schedules = [(int(s.pop("first_step")), MixtureSchedule(**s)) for s in map(dict, saved)]
         if schedules[-1][1].spec() != self.schedule.spec():
             train = self._train()
+            assert isinstance(train, ScheduledBlend)  # a schedule's stream
             step = (self.epoch * train.epoch_size + self.consumed_samples) // train.samples_per_step
             schedules = [(first, s) for first, s in schedules if first < step] + [(step, self.schedule)]
         self.schedules = schedules

@@ -126,8 +126,7 @@ class Text2TextCollate:
         shifted = batch["labels"][:, :-1].masked_fill(batch["labels"][:, :-1] == IGNORE_INDEX, self.pad_id)
         start = torch.full((B, 1), self.start_id, dtype=torch.long)
         batch["decoder_input_ids"] = torch.cat([start, shifted], dim=1)
-        batch["targets"] = [text for _, _, text in examples]
-        return batch
+        return {**batch, "targets": [text for _, _, text in examples]}
 
 
 class PackedText2TextCollate:

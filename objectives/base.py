@@ -191,12 +191,17 @@ class Objective(abc.ABC):
         return {"loss_sum": loss_sum.detach(), "num_targets": num_targets, "num_correct": correct}
 
     def summarize(self, totals: Mapping[str, Tensor]) -> dict[str, float]:
-        """Global ``loss``, ``accuracy`` (and ``perplexity`` for LM objectives) from ``loss_sum``,
-        ``num_targets`` and ``num_correct`` summed over micro-batches (and ranks). With no target at all they are
-        undefined: NaN, never a loss of 0 that would read as a perfect model."""
-        n = float(totals["num_targets"])
-        loss = float(totals["loss_sum"]) / n if n > 0 else math.nan
-        out = {"loss": loss, "accuracy": float(totals["num_correct"]) / n if n > 0 else math.nan}
-        if self.reports_perplexity:
-            out["perplexity"] = float(torch.tensor(loss).exp())
-        return out
+        """:func:`summarize_sums` of this objective (``perplexity`` for LM objectives)."""
+        return summarize_sums(totals, self.reports_perplexity)
+
+
+def summarize_sums(totals: Mapping[str, Tensor | float], perplexity: bool) -> dict[str, float]:
+    """Global ``loss``, ``accuracy`` (and ``perplexity``) from ``loss_sum``, ``num_targets`` and ``num_correct``
+    summed over micro-batches (and ranks). With no target at all they are undefined: NaN, never a loss of 0 that
+    would read as a perfect model."""
+    n = float(totals["num_targets"])
+    loss = float(totals["loss_sum"]) / n if n > 0 else math.nan
+    out = {"loss": loss, "accuracy": float(totals["num_correct"]) / n if n > 0 else math.nan}
+    if perplexity:
+        out["perplexity"] = float(torch.tensor(loss).exp())
+    return out

@@ -71,11 +71,11 @@ def cooccurrence(
     kept = tokens[vocab[tokens] | boundary[tokens]]
     doc = boundary[kept].long().cumsum(0)
     inside = ~boundary[kept]
-    words, doc = kept[inside].numpy(), doc[inside].numpy()
+    words, word_docs = kept[inside].numpy(), doc[inside].numpy()
     v = vocab.shape[0]
     key, value = np.empty(0, np.int64), np.empty(0)
     for start in range(0, len(words), chunk):
-        w, d = words[start : start + chunk + window], doc[start : start + chunk + window]
+        w, d = words[start : start + chunk + window], word_docs[start : start + chunk + window]
         keys, values = [key], [value]
         for dist in range(1, window + 1):
             n = max(0, min(chunk, len(w) - dist))  # left tokens in this chunk with a right partner

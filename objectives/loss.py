@@ -16,6 +16,8 @@ the all-reduced maximum.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -49,7 +51,8 @@ def num_correct(logits: Tensor, labels: Tensor) -> Tensor:
         return ((logits.argmax(-1) == labels) & targets).sum()
     from torch.distributed.tensor import DTensor, Partial
 
-    top = logits.amax(-1).full_tensor()
+    assert isinstance(logits, DTensor)
+    top = cast(DTensor, logits.amax(-1)).full_tensor()  # torch types DTensor ops as returning Tensor
     local = logits.to_local()  # this rank's vocabulary slice: ids start .. start + V_local
     width = local.shape[-1]
     index = labels - logits.device_mesh.get_local_rank() * width

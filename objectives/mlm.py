@@ -47,7 +47,7 @@ def word_start_table(tokenizer) -> Tensor:
     """``(V,)`` bool: does token id v start a word? Derived once from the vocabulary's word-boundary marker."""
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     counts = {m: sum(token.startswith(m) for token in vocab) for m in WORD_MARKERS}
-    marker = max(counts, key=counts.get)
+    marker = max(counts, key=counts.__getitem__)
     if counts[marker] == 0:
         raise InputError(
             f"cannot derive word boundaries: no vocabulary token starts with any of {WORD_MARKERS}; "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -195,7 +196,9 @@ class UL2(Objective):
         d, cap, mode_id = self.denoisers[k], self.lengths[k], self.mode_ids[k]
         if d["mode"] == "S":
             return prefix_example(tokens[:cap], room_in, room_out, generator, self.eos_id, mode_id)
-        enc, dec = self._tables[k]
+        table = self._tables[k]
+        assert table is not None  # built for every mode but S
+        enc, dec = table
         n = fit_length(len(tokens), cap, (enc + 1 <= room_in) & (dec <= room_out))
         if n == 0:
             return None
@@ -212,7 +215,7 @@ class UL2(Objective):
         if L < max(self.lengths):
             raise ValueError(f"ul2 needs {max(self.lengths)} raw tokens per sample (raw_length), got {L}")
         if not hasattr(self, "_tables"):
-            self._tables = [
+            self._tables: list[tuple[np.ndarray, np.ndarray] | None] = [
                 length_table(n, d["noise_density"], d["mean_noise_span_length"]) if d["mode"] != "S" else None
                 for d, n in zip(self.denoisers, self.lengths, strict=True)
             ]

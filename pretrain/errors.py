@@ -72,8 +72,9 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def peer_gone(err: BaseException) -> bool:
-    """Whether ``err`` (or its cause) is a collective failing because a peer process is gone."""
+def peer_gone(error: BaseException) -> bool:
+    """Whether ``error`` (or its cause) is a collective failing because a peer process is gone."""
+    err: BaseException | None = error
     while err is not None:
         torch = sys.modules.get("torch")
         dist_error = getattr(getattr(torch, "distributed", None), "DistError", ()) if torch else ()
@@ -139,7 +140,8 @@ OS_FIX = {
 def os_refused(err: OSError) -> str:
     """One line for an error of the operating system: its message, the path, and the fix when known."""
     where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err) else ""
-    fix = OS_FIX.get(err.errno, f"the operating system refused ({errno.errorcode.get(err.errno, err.errno)})")
+    code = err.errno or 0  # describe() passes errors with an errno only
+    fix = OS_FIX.get(code, f"the operating system refused ({errno.errorcode.get(code, code)})")
     return f"{err}{where}; {fix}"
 
 

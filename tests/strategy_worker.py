@@ -54,11 +54,11 @@ def main(cells_json: str, out: str) -> None:
         run, resolved = config.load(cell["recipe"], cell["overrides"])
         parts = prepare_run(run, resolved)
         record, tensors = RecordFlops(), RecordTensors()
-        module = parts["module"]
+        module = parts.module
         trainer = build_trainer(
             run, resolved, callbacks=[record, tensors] if cell.get("record") else [record]
         )
-        trainer.fit(module, datamodule=parts["datamodule"])
+        trainer.fit(module, datamodule=parts.datamodule)
         result = {"decayed": module.decayed_tensors, "flops": record.flops}
         Path(out, f"{cell['name']}.rank{trainer.global_rank}.json").write_text(json.dumps(result))
         if cell.get("record") and trainer.global_rank == 0:

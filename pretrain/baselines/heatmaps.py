@@ -54,4 +54,7 @@ def save_alignment(
 
 
 def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
-    return [tokenizer.decode([i], skip_special_tokens=False).strip() or tokenizer.id_to_token(i) for i in ids]
+    return [
+        tokenizer.decode([i], skip_special_tokens=False).strip() or tokenizer.id_to_token(i) or ""
+        for i in ids
+    ]

@@ -95,8 +95,9 @@ class LanguageModelModule(BaselineModule):
     def sums(self, batch: dict[str, Tensor], training: bool) -> dict[str, Tensor]:
         logits, self._state[training] = lm_forward(self.model, batch, self._state[training])
         labels = batch["labels"]
-        if hasattr(self.model, "flops_per_token"):
-            self.flops_per_batch = self.model.flops_per_token(labels.shape[1]) * labels.numel()
+        flops_per_token = getattr(self.model, "flops_per_token", None)
+        if flops_per_token is not None:
+            self.flops_per_batch = flops_per_token(labels.shape[1]) * labels.numel()
         return token_sums(logits, labels)
 
 
@@ -116,7 +117,8 @@ def stream_perplexity(
     model.eval()
     totals: dict[str, Tensor] = {}
     state = None
-    for batch in StreamBatches(tokens, objective, seq_len, batch_size):
+    batches = StreamBatches(tokens, objective, seq_len, batch_size)
+    for batch in (batches[i] for i in range(len(batches))):
         logits, state = lm_forward(model, batch, state if carry else None)
         for key, value in token_sums(logits, batch["labels"]).items():
             totals[key] = totals.get(key, 0) + value.float()
@@ -162,7 +164,7 @@ def run_rnn_lm(run: RunConfig, cfg: RNNLMBaseline, resolved: dict[str, Any]) -> 
     data = StreamDataModule(train, val, objective, run.data.seq_len, run.data.micro_batch_size)
     model = RNNLanguageModel(cfg.model)
     fit(run, resolved, LanguageModelModule(model, run.optim, run.trainer.max_steps, objective), data)
-    results = {
+    results: dict[str, float] = {
         "parameters": model.num_params(),
         "train_tokens": run.trainer.max_steps * data.train_set.streams.shape[0] * run.data.seq_len,
     }

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from pretrain.config import OptimConfig, RunConfig
 from pretrain.errors import InputError
-from pretrain.objectives.base import Objective
+from pretrain.objectives.base import summarize_sums
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.optim import build_optimizer, build_scheduler
 from pretrain.training.step import FreeGradientsAfterStep, StepLossHooks
@@ -22,7 +24,6 @@ class BaselineModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
     ``val/*`` (loss, accuracy, perplexity for token-prediction models)."""
 
     reports_perplexity = False
-    summarize = Objective.summarize  # loss / accuracy / perplexity from the summed counts
 
     def __init__(self, model: nn.Module, optim: OptimConfig, max_steps: int, objective: Any = None):
         super().__init__()
@@ -37,14 +38,17 @@ class BaselineModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
         raise NotImplementedError
 
     def _metrics(self, sums: dict[str, Tensor]) -> dict[str, float]:
-        metrics = self.summarize({"num_correct": 0, **sums})
+        """Loss / accuracy / perplexity from the summed counts (as an objective's ``summarize``)."""
+        metrics = summarize_sums({"num_correct": 0, **sums}, self.reports_perplexity)
         return metrics if "num_correct" in sums else {k: v for k, v in metrics.items() if k != "accuracy"}
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         sums = self.sums(batch, training=True)
         metrics = self._metrics({k: v.detach().float() for k, v in sums.items()})
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False)
-        self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
+        scheduler = self.lr_schedulers()
+        assert isinstance(scheduler, LRScheduler)  # configure_optimizers's one
+        self.log("train/lr", scheduler.get_last_lr()[0], on_step=True, on_epoch=False)
         return self.step_mean(sums["loss_sum"] / sums["num_targets"].clamp_min(1), batch_idx)
 
     def on_validation_epoch_start(self) -> None:
@@ -59,7 +63,7 @@ class BaselineModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
             metrics = self._metrics(self._val_sums)
             self.log_dict({f"val/{k}": v for k, v in metrics.items()}, on_epoch=True, prog_bar=True)
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         optimizer = build_optimizer(self.model, self.optim)
         scheduler = build_scheduler(optimizer, self.optim, self.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

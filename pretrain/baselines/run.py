@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,12 @@ from pretrain.baselines.word_vectors import run_glove, run_sgns
 from pretrain.errors import InputError
 from pretrain.io import atomic_write_text
 
-RUNS = {"sgns": run_sgns, "glove": run_glove, "rnn_lm": run_rnn_lm, "seq2seq": run_seq2seq}
+RUNS: dict[str, Callable[[Any, Any, dict[str, Any]], dict[str, Any]]] = {
+    "sgns": run_sgns,
+    "glove": run_glove,
+    "rnn_lm": run_rnn_lm,
+    "seq2seq": run_seq2seq,
+}
 # baselines that read the token stream across document boundaries (a recurrent state, context windows)
 STREAM_KINDS = {
     "sgns": "its context windows",
@@ -38,7 +44,7 @@ def run_recipe(recipe: str | Path, overrides: list[str] | None = None) -> dict[s
 
     run, baseline, resolved = load_config(recipe, overrides)
     check_document_mask(run, baseline.kind)
-    with run_lock(run.run_dir, "`pretrain baseline`"):  # one writer of the run's checkpoints and results
+    with run_lock(run.run_path, "`pretrain baseline`"):  # one writer of the run's checkpoints and results
         return _run(run, baseline, resolved)
 
 
@@ -49,7 +55,7 @@ def _run(run: Any, baseline: Any, resolved: dict[str, Any]) -> dict[str, Any]:
         run.seed, verbose=False
     )  # before the baseline builds its model: the seed fixes the init
     results = {"name": run.name, "kind": baseline.kind, **RUNS[baseline.kind](run, baseline, resolved)}
-    path = Path(run.run_dir) / "results.json"
+    path = run.run_path / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(results, indent=2, default=_json_default))
     return results

@@ -7,7 +7,6 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -192,7 +191,7 @@ def evaluate_seq2seq(
 
 
 def run_seq2seq(run: RunConfig, cfg: Seq2SeqBaseline, resolved: dict[str, Any]) -> dict[str, Any]:
-    out_dir = Path(run.run_dir)
+    out_dir = run.run_path
     if cfg.task == "parallel":
         tokenizer = ensure_tokenizer(run)
         train = parallel_examples(cfg.train, tokenizer, cfg.max_length, drop_long=True)

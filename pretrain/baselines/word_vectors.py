@@ -110,7 +110,9 @@ def evaluate_word_vectors(vectors: WordVectors, cfg: WordEvalConfig, out_dir: Pa
 def word_vocabulary(tokenizer: Tokenizer, vocab: Tensor) -> list[int]:
     """Ids to report: the vocabulary minus tokens whose string holds whitespace (not writable as word2vec text)."""
     return [
-        i for i in vocab.nonzero()[:, 0].tolist() if not any(ch.isspace() for ch in tokenizer.id_to_token(i))
+        i
+        for i in vocab.nonzero()[:, 0].tolist()
+        if not any(ch.isspace() for ch in tokenizer.id_to_token(i) or "")
     ]
 
 
@@ -146,7 +148,7 @@ def run_sgns(run: RunConfig, cfg: SGNSBaseline, resolved: dict[str, Any]) -> dic
     model = Word2Vec(vocab_size, cfg.dim)
     trainer = fit(run, resolved, WordVectorModule(model, run.optim, run.trainer.max_steps, objective), data)
     vectors = WordVectors.from_ids(model.vectors(), tokenizer, word_vocabulary(tokenizer, objective.vocab))
-    return {**val_metrics(trainer), **evaluate_word_vectors(vectors, cfg.eval, Path(run.run_dir))}
+    return {**val_metrics(trainer), **evaluate_word_vectors(vectors, cfg.eval, run.run_path)}
 
 
 def run_glove(run: RunConfig, cfg: GloVeBaseline, resolved: dict[str, Any]) -> dict[str, Any]:
@@ -167,4 +169,4 @@ def run_glove(run: RunConfig, cfg: GloVeBaseline, resolved: dict[str, Any]) -> d
     trainer = fit(run, resolved, module, CooccurrenceData(x, cfg.batch_size, run.seed))
     vectors = WordVectors.from_ids(model.vectors(), tokenizer, word_vocabulary(tokenizer, x.vocab))
     results = {"cooccurrence_entries": len(x.values), **val_metrics(trainer)}
-    return {**results, **evaluate_word_vectors(vectors, cfg.eval, Path(run.run_dir))}
+    return {**results, **evaluate_word_vectors(vectors, cfg.eval, run.run_path)}

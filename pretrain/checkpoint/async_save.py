@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from pretrain.checkpoint import dcp  # noqa: F401  (its warning filter for no_dist saves)
-from pretrain.checkpoint.convert import dcp_state
-from pretrain.checkpoint.io import METADATA, AtomicCheckpointIO, CheckpointWriteError
+from pretrain.checkpoint.io import METADATA, CheckpointWriteError
+from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
+from pretrain.checkpoint.optimizer_state import dcp_state
 from pretrain.io import STORAGE_ERRNOS, replace_path
 
 TMP_SUFFIX = ".tmp"  # ``.<name>.<random>.tmp``: what ``remove_partial_saves`` deletes after a kill

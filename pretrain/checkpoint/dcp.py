@@ -68,9 +68,9 @@ class WeightsOnlyReader(FileSystemReader):
             raise InputError(f"checkpoint {path.parent} has unreadable DCP metadata ({err})") from err
         if not isinstance(metadata, Metadata):
             raise InputError(f"{path} is not DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage.load_id = self.load_id
+        metadata.storage_meta = storage
         return metadata
 
 
@@ -146,6 +146,7 @@ def set_path(nested: Any, path: Path_, value: Any) -> None:
     node: Any = nested
     for part, following in itertools.pairwise(path):
         if isinstance(node, list):
+            assert isinstance(part, int)  # a list's key is its index
             while len(node) <= part:
                 node.append(None)
             if node[part] is None:
@@ -154,6 +155,7 @@ def set_path(nested: Any, path: Path_, value: Any) -> None:
         else:
             node = node.setdefault(part, [] if isinstance(following, int) else {})
     if isinstance(node, list):
+        assert isinstance(path[-1], int)
         while len(node) <= path[-1]:
             node.append(None)
     node[path[-1]] = value

@@ -3,11 +3,9 @@ weights-only read, the atomic directory swap for sharded checkpoints, and which 
 
 from __future__ import annotations
 
-import errno
 import os
 import pickle
 import secrets
-import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,10 +13,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from lightning.fabric.plugins import TorchCheckpointIO
 
 from pretrain.errors import InputError
-from pretrain.io import STORAGE_ERRNOS, replace_path
+from pretrain.io import replace_path
 
 PAYLOAD = "pretrain"  # key of our own section in a Lightning checkpoint
 # A sharded checkpoint is a directory holding METADATA (the Lightning checkpoint without weights and optimizer
@@ -28,6 +25,28 @@ METADATA = "meta.pt"
 DCP_METADATA = ".metadata"
 DEEPSPEED_LATEST = "latest"
 EMA_KEY = "ema"  # checkpoint["ema"]: parameter name -> the weights' moving average (pretrain.training.callbacks.ema)
+DEEPSPEED_STATE_KEYS = frozenset(  # what DeepSpeed adds to the client state in its model-states file
+    {
+        "module",
+        "buffer_names",
+        "optimizer",
+        "param_shapes",
+        "frozen_param_shapes",
+        "shared_params",
+        "frozen_param_fragments",
+        "lr_scheduler",
+        "data_sampler",
+        "random_ltd",
+        "skipped_steps",
+        "global_steps",
+        "global_samples",
+        "dp_world_size",
+        "mp_world_size",
+        "checkpoint_parallel_dimensions",
+        "ds_config",
+        "ds_version",
+    }
+)
 
 
 class CheckpointWriteError(OSError):
@@ -58,71 +77,6 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes to a temporary file in the same directory, fsyncs, then ``os.replace``: a reader sees the old file or
-    the complete new one, never a partial write (a crash mid-save leaves only a stray ``.tmp``).
-
-    A write that fails for lack of space deletes stale temporary files of killed writes and the files
-    ``reclaimable()`` names (checkpoints the retention policy no longer keeps, see ``trainer.outside_retention``)
-    and retries once; if it still fails (or for permissions) it raises ``CheckpointWriteError`` naming the
-    checkpoints still intact."""
-
-    def __init__(self, reclaimable: Callable[[], list[Path]] | None = None):
-        super().__init__()
-        self.reclaimable = reclaimable
-
-    def _free_space(self, directory: Path) -> bool:
-        """Delete what no policy keeps; whether anything was deleted."""
-        freed = bool(remove_partial_saves(directory))
-        for path in self.reclaimable() if self.reclaimable else []:
-            if path.is_file():
-                warnings.warn(
-                    f"disk full: deleting {path}, which the retention policy no longer keeps", stacklevel=2
-                )
-                path.unlink()
-                freed = True
-        return freed
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
-    ) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
-        path = Path(path)
-        try:
-            self._write(checkpoint, path)
-        except OSError as err:
-            if err.errno not in STORAGE_ERRNOS:
-                raise
-            if err.errno in (errno.ENOSPC, errno.EDQUOT) and self._free_space(path.parent):
-                try:
-                    self._write(checkpoint, path)
-                    return
-                except OSError as again:
-                    err = again
-            intact = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
-            raise CheckpointWriteError(
-                f"could not write checkpoint {path}: {os.strerror(err.errno or 0)}; nothing was overwritten "
-                f"(checkpoints intact in {path.parent}: {', '.join(intact) or 'none'}). Free space or fix the "
-                f"permissions, lower checkpoint.save_top_k, then rerun the same command (resume=auto continues)",
-                err.errno,
-            ) from err
-
-    @staticmethod
-    def _write(checkpoint: dict[str, Any], path: Path) -> None:
-        write_atomically(path, lambda f: torch.save(checkpoint, f))
-
-    def load_checkpoint(
-        self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
-    ) -> dict:
-        """A checkpoint file, or a sharded directory read whole (what DDP and one device restore)."""
-        if Path(path).is_dir():
-            from pretrain.checkpoint.convert import full_checkpoint
-
-            return full_checkpoint(path)
-        return read(path, map_location=map_location)
 
 
 def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
@@ -193,12 +147,26 @@ def lightning_state(path: str | Path) -> dict[str, Any]:
     DCP directory's ``meta.pt``, a DeepSpeed directory's ``meta.pt`` or the client state in its model states."""
     path = Path(path)
     if path.is_dir() and not (path / METADATA).is_file() and kind(path) == "deepspeed":
-        tag = path / (path / DEEPSPEED_LATEST).read_text().strip()
-        states = sorted(tag.glob("*model_states.pt"))
-        if not states:
-            raise InputError(f"{path} is not a complete DeepSpeed checkpoint (no *model_states.pt)")
-        return read(states[0], mmap=True)
+        return deepspeed_model_states(path, mmap=True)
     return read(path / METADATA if path.is_dir() else path, mmap=True)
+
+
+def deepspeed_tag(path: Path) -> Path:
+    """The tag directory ``latest`` names in a DeepSpeed checkpoint directory."""
+    return path / (path / DEEPSPEED_LATEST).read_text().strip()
+
+
+def deepspeed_model_states(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """DeepSpeed's model-states file of a checkpoint (rank 0's under ZeRO-3), weights-only."""
+    files = sorted(deepspeed_tag(path).glob("*model_states.pt"))
+    if not files:
+        raise InputError(f"{path} is not a complete DeepSpeed checkpoint (no *model_states.pt)")
+    return read(files[0], mmap=mmap)
+
+
+def client_state(states: dict[str, Any]) -> dict[str, Any]:
+    """The Lightning state Lightning's DeepSpeed strategy stored in DeepSpeed's model-states file."""
+    return {k: v for k, v in states.items() if k not in DEEPSPEED_STATE_KEYS}
 
 
 def data_position(path: str | Path) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from pretrain.checkpoint.io import PAYLOAD, kind, lightning_state, read, write_atomically
+from pretrain.checkpoint.stream import open_source
 from pretrain.compat.torch_save import placeholders, save_filled
 from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
@@ -91,8 +92,6 @@ class _Weights(contextlib.ExitStack):
             self.tensors = read(path, mmap=True)["state_dict"]
             self.load = self.tensors.__getitem__
         else:
-            from pretrain.checkpoint.stream import open_source
-
             source = self.enter_context(open_source(path, work_dir=tempfile.gettempdir()))
             self.tensors = source.tensors["state_dict"]
 
@@ -105,18 +104,18 @@ class _Weights(contextlib.ExitStack):
 
 def merge(paths: Sequence[str | Path], out: str | Path, weights: Sequence[float] | None = None) -> Path:
     """Write ``sum_i weights[i] * state_dict_i`` (float32 accumulation, in order) of ``paths`` to ``out``."""
-    paths = [Path(p) for p in paths]
-    coefficients = check_weights(weights, len(paths))
-    check_mergeable(paths)
+    files = [Path(p) for p in paths]
+    coefficients = check_weights(weights, len(files))
+    check_mergeable(files)
     out = Path(out)
     with contextlib.ExitStack() as stack:
-        inputs = [stack.enter_context(_Weights(p)) for p in paths]
+        inputs = [stack.enter_context(_Weights(p)) for p in files]
         names = list(inputs[0].tensors)
         for source in inputs[1:]:
             if list(source.tensors) != names:
                 missing = sorted(set(names) ^ set(source.tensors))
                 raise InputError(
-                    f"cannot merge {paths[0]} and {source.path}: their weights differ ({missing[:3]})"
+                    f"cannot merge {files[0]} and {source.path}: their weights differ ({missing[:3]})"
                 )
         make = stack.enter_context(placeholders())
         merged = {name: make(inputs[0].tensors[name].shape, inputs[0].tensors[name].dtype) for name in names}
@@ -129,12 +128,12 @@ def merge(paths: Sequence[str | Path], out: str | Path, weights: Sequence[float]
             return average((source.load(name) for source in inputs), coefficients).to(merged[name].dtype)
 
         checkpoint = {
-            k: v for k, v in lightning_state(paths[-1]).items() if k not in DROPPED and k != "state_dict"
+            k: v for k, v in lightning_state(files[-1]).items() if k not in DROPPED and k != "state_dict"
         }
         checkpoint["state_dict"] = merged
         checkpoint[PAYLOAD] = {
             **checkpoint[PAYLOAD],
-            "merged_from": [str(p) for p in paths],
+            "merged_from": [str(p) for p in files],
             "merge_weights": coefficients,
         }
         write_atomically(out, lambda f: save_filled(checkpoint, f, fill))

@@ -38,45 +38,11 @@ from typing import Any
 from filelock import FileLock
 
 from pretrain.checkpoint import dcp
-from pretrain.checkpoint.io import DEEPSPEED_LATEST, METADATA, kind, read
-from pretrain.errors import InputError
+from pretrain.checkpoint.io import METADATA, deepspeed_model_states, deepspeed_tag, kind, read
+from pretrain.checkpoint.optimizer_state import optimizer_count, optimizer_state_by_names
+from pretrain.checkpoint.stream import open_source, write_dcp
 
 CACHE = ".resume"  # under the run directory: DeepSpeed checkpoints converted for this run's strategy
-DEEPSPEED_STATE_KEYS = frozenset(  # what DeepSpeed adds to the client state in its model-states file
-    {
-        "module",
-        "buffer_names",
-        "optimizer",
-        "param_shapes",
-        "frozen_param_shapes",
-        "shared_params",
-        "frozen_param_fragments",
-        "lr_scheduler",
-        "data_sampler",
-        "random_ltd",
-        "skipped_steps",
-        "global_steps",
-        "global_samples",
-        "dp_world_size",
-        "mp_world_size",
-        "checkpoint_parallel_dimensions",
-        "ds_config",
-        "ds_version",
-    }
-)
-
-
-def deepspeed_tag(path: Path) -> Path:
-    """The tag directory ``latest`` names in a DeepSpeed checkpoint directory."""
-    return path / (path / DEEPSPEED_LATEST).read_text().strip()
-
-
-def deepspeed_model_states(path: Path) -> dict[str, Any]:
-    """DeepSpeed's model-states file of a checkpoint (rank 0's under ZeRO-3), weights-only."""
-    files = sorted(deepspeed_tag(path).glob("*model_states.pt"))
-    if not files:
-        raise InputError(f"{path} is not a complete DeepSpeed checkpoint (no *model_states.pt)")
-    return read(files[0])
 
 
 def deepspeed_layout(path: Path) -> tuple[int, int]:
@@ -114,24 +80,15 @@ def deepspeed_to_dcp(ckpt: Path, out: Path) -> Path:
     ``ds_to_universal`` gives each parameter whole (fp32 weights, ``exp_avg``, ``exp_avg_sq``, ``step``); they
     are written with the optimizer's parameter groups (names in DeepSpeed's group order) and the Lightning state
     (``meta.pt``)."""
-    from pretrain.checkpoint.stream import open_source, write_dcp
-
     out.parent.mkdir(parents=True, exist_ok=True)
     with open_source(ckpt, work_dir=out.parent) as source:
         return write_dcp(source, out)
-
-
-def client_state(states: dict[str, Any]) -> dict[str, Any]:
-    """The Lightning state Lightning's DeepSpeed strategy stored in DeepSpeed's model-states file."""
-    return {k: v for k, v in states.items() if k not in DEEPSPEED_STATE_KEYS}
 
 
 def named_checkpoint(path: Path, group_names: list[list[str]]) -> dict[str, Any]:
     """A file or DCP checkpoint in memory with its optimizer state keyed by parameter name: the Lightning state
     plus ``state_dict`` (whole tensors) and ``optimizer_<i>``. ``group_names``: the parameter names of each
     optimizer group in order (what a file's numbered state refers to)."""
-    from pretrain.checkpoint.convert import optimizer_count, optimizer_state_by_names
-
     found = kind(path)
     if found == "dcp":
         checkpoint = read(path / METADATA)

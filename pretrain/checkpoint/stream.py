@@ -25,7 +25,23 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pretrain.checkpoint import dcp
-from pretrain.checkpoint.io import EMA_KEY, METADATA, PAYLOAD, kind, read, write_atomically
+from pretrain.checkpoint.io import (
+    EMA_KEY,
+    METADATA,
+    PAYLOAD,
+    client_state,
+    deepspeed_model_states,
+    deepspeed_tag,
+    kind,
+    read,
+    write_atomically,
+)
+from pretrain.checkpoint.optimizer_state import (
+    is_name_keyed,
+    optimizer_count,
+    optimizer_state_by_names,
+    optimizer_state_by_position,
+)
 from pretrain.compat.torch_save import placeholders, read_chunks_into, save_filled
 from pretrain.errors import InputError
 from pretrain.io import replace_path
@@ -80,7 +96,6 @@ def open_source(path: str | Path, work_dir: str | Path | None = None) -> Iterato
 def _file_source(path: Path) -> Source:
     """A checkpoint file, memory-mapped, as the DCP layout: its numbered optimizer state keyed by the parameter
     names of the optimizer's groups (``group_param_names`` of the model and optimizer it was trained with)."""
-    from pretrain.checkpoint.convert import is_name_keyed, optimizer_state_by_names
     from pretrain.models.config import ModelConfig
     from pretrain.optim import group_param_names
 
@@ -109,12 +124,12 @@ def _dcp_source(path: Path, make: Placeholder) -> Source:
     tensors = {k: v for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
     objects = dcp.read_flat(path, [k for k in md.state_dict_metadata if k not in tensors], md)
     flat = {
-        key: make(item.size, item.properties.dtype) if key in tensors else objects[key]
-        for key, item in md.state_dict_metadata.items()
+        key: make(tensors[key].size, tensors[key].properties.dtype) if key in tensors else objects[key]
+        for key in md.state_dict_metadata
     }
 
     def load(key: str) -> torch.Tensor:
-        item = md.state_dict_metadata[key]
+        item = tensors[key]  # a placeholder's: a tensor
         out = torch.empty(item.size, dtype=item.properties.dtype)
         return out if read_chunks_into(path, md, key, out) else dcp.read_flat(path, [key], md)[key]
 
@@ -128,8 +143,6 @@ def _deepspeed_source(path: Path, universal: Path, make: Placeholder) -> Source:
     from deepspeed.checkpoint import ds_to_universal
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
-
-    from pretrain.checkpoint.reshard import client_state, deepspeed_model_states, deepspeed_tag
 
     states = deepspeed_model_states(path)
     meta = read(path / METADATA) if (path / METADATA).is_file() else client_state(states)
@@ -189,8 +202,6 @@ def _step(path: Path, zero: Path) -> float:
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    from pretrain.checkpoint.reshard import deepspeed_tag
-
     written = sorted(zero.glob("*/step.pt"))
     if written:
         return float(torch.load(written[0], weights_only=True))
@@ -240,8 +251,6 @@ def write_dcp(source: Source, out: str | Path) -> Path:
 def write_single(source: Source, out: str | Path) -> Path:
     """``source`` as one checkpoint file ``out`` in the layout of a single-process run's (optimizer state by
     position): the bytes ``torch.save`` writes for it, written atomically."""
-    from pretrain.checkpoint.convert import optimizer_count, optimizer_state_by_position
-
     out = Path(out)
     checkpoint = dict(source.meta)
     checkpoint["state_dict"] = source.tensors["state_dict"]

@@ -58,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
         "wandb_run_id": args.wandb_run_id,
     }
     config = load_config(args.target, args.overrides, flags)
+    assert config.checkpoint is not None  # load_config requires one
     if not Path(config.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {config.checkpoint} does not exist")
     tasks = load_tasks(config)  # and their data, in one line each

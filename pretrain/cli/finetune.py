@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -29,11 +28,11 @@ def main(args: argparse.Namespace) -> int:
     results = run(cfg)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    if rank_zero_only.rank != 0:  # the other data-parallel ranks
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # Lightning sets the rank on the function  # the other data-parallel ranks
         return 0
     print("\n== pretrain finetune: done ==")
     print(f"  steps: {results['steps']} in {results['train_seconds']} s")
     for name, value in sorted(results.get("val", {}).items()):
         print(f"  val/{name}: {value:.4f}")
-    print(f"  results: {Path(cfg.run_dir) / 'results.json'}")
+    print(f"  results: {cfg.run_path / 'results.json'}")
     return 0

@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pretrain.ladder import refit, run_ladder
+    from pretrain.ladder import budget_text, refit, run_ladder
+    from pretrain.ladder.report import fit_text
 
     as_dir = Path(args.recipe)
     if (as_dir / PLAN_FILE).is_file():
@@ -42,9 +43,10 @@ def main(args: argparse.Namespace) -> int:
                 f"{as_dir} is a ladder directory: give --budget FLOPS (or nothing, to refit), no overrides"
             )
         if args.budget is not None:
-            return _budget(as_dir, args.budget)
-        _, report = refit(as_dir, args.allow_failed)
-        _summary(as_dir, report)
+            print(budget_text(as_dir, args.budget))
+            return 0
+        _, refitted = refit(as_dir, args.allow_failed)
+        print(fit_text(as_dir, refitted))
         return 0
     if args.out is None:
         raise InputError("pretrain ladder RECIPE needs --out DIR (where the cells, ladder.json and plots go)")
@@ -65,57 +67,5 @@ def main(args: argparse.Namespace) -> int:
             f"submitted the unfinished cells of {args.out} as a SLURM job array; rerun this command once it ends"
         )
         return 0
-    _summary(Path(args.out), report)
-    return 0
-
-
-def _summary(out: Path, report: dict) -> None:
-    fit = report["fit"]
-    ci = fit["intervals"]
-    lines = [
-        (
-            f"L(N, D) = {fit['E']:.3f} + {fit['A']:.4g} / N^{fit['alpha']:.3f} + {fit['B']:.4g} / D^{fit['beta']:.3f}"
-            f"  ({fit['cells']} cells; N: non-embedding parameters, D: tokens)"
-        ),
-        (
-            f"alpha {fit['alpha']:.3f} [{ci['alpha'][0]:.3f}, {ci['alpha'][1]:.3f}], beta {fit['beta']:.3f} "
-            f"[{ci['beta'][0]:.3f}, {ci['beta'][1]:.3f}] (95 % bootstrap)"
-        ),
-    ]
-    held = report.get("held_out")
-    if held:
-        lines.append(
-            f"held out {held['cell']}: predicted {held['predicted']:.4f}, actual {held['actual']:.4f} "
-            f"({held['rel_error'] * 100:+.2f} %)"
-        )
-    iso = report["isoflop"]
-    if "a" in iso:
-        lines.append(
-            f"isoFLOP: N_opt ~ C^{iso['a']:.3f} [{iso['a_interval'][0]:.3f}, {iso['a_interval'][1]:.3f}]"
-        )
-    for note in (iso.get("warning"), iso.get("skipped")):
-        if note:
-            lines.append(f"isoFLOP: {note}")
-    if report["excluded"]:
-        lines.append(f"left out (failed): {', '.join(report['excluded'])}")
-    lines.append(f"report: {out / 'ladder.json'}; plots: {', '.join(report['plots'].values())}")
-    print("\n== pretrain ladder: fitted ==\n" + "\n".join(f"  {line}" for line in lines))
-
-
-def _budget(out: Path, flops: float) -> int:
-    from pretrain.ladder import cell_run
-    from pretrain.ladder.plan import read_plan
-    from pretrain.ladder.report import optimal_for_budget, read_report, shape_text
-
-    plan = read_plan(out)
-    best = optimal_for_budget(plan, read_report(out), cell_run(plan), flops)
-    lo, hi = best["N_interval"]
-    dlo, dhi = best["D_interval"]
-    print(
-        f"compute-optimal at {flops:.3g} FLOPs ({plan.objective}):\n"
-        f"  N = {best['N']:,.0f} non-embedding parameters [{lo:,.0f}, {hi:,.0f}] (95 % bootstrap)\n"
-        f"  D = {best['D']:,.0f} tokens [{dlo:,.0f}, {dhi:,.0f}], {best['tokens_per_param']:.1f} tokens per parameter\n"
-        f"  predicted loss {best['loss']:.4f}; shape: {shape_text(best['shape'])}\n"
-        f"  overrides: {' '.join(best['overrides'])}"
-    )
+    print(fit_text(Path(args.out), report))
     return 0

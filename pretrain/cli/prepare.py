@@ -45,61 +45,26 @@ def main(args: argparse.Namespace) -> int:
     for source in run.data.sources:
         if not source.text:
             raise InputError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
+    from pretrain.config.run import corpus_settings
     from pretrain.datamodules.corpus import InvalidUTF8Error
-    from pretrain.datamodules.prepare import prepare
+    from pretrain.datamodules.sources import prepare_source
 
+    options = {k: v for k, v in (("partition", args.partition), ("time", args.time)) if v}
     for source in run.data.sources:
-        settings = {
-            "val_fraction": run.data.val_fraction,
-            "document": source.document,
-            "text_field": source.text_field,
-            "on_invalid_utf8": run.data.on_invalid_utf8,
-            "eos_token": run.tokenizer.special_tokens.get("eos"),
-            "dedup": source.dedup,
-            "force": args.force,
-        }
         try:
-            if args.executor is None:
-                meta = prepare(
-                    list(source.text),
-                    run.tokenizer.path,
-                    source.prepared,
-                    num_workers=args.workers,
-                    **settings,
-                )
-            else:
-                from pretrain.datamodules.executors import prepare_in_tasks
-
-                options = {k: v for k, v in (("partition", args.partition), ("time", args.time)) if v}
-                meta = prepare_in_tasks(
-                    list(source.text),
-                    run.tokenizer.path,
-                    source.prepared,
-                    executor=args.executor,
-                    tasks=args.tasks or 1,
-                    workers=args.workers or -1,
-                    executor_options=options,
-                    **settings,
-                )
-                if meta.get("submitted"):
-                    print(
-                        f"submitted {source.name}: {meta['stage']} tasks {meta['tasks_pending']} pending under SLURM "
-                        f"(logs in {meta['staging']}); rerun this command once they finish: it goes on to the next "
-                        f"stage or assembles {source.prepared}"
-                    )
-                    continue
+            report = prepare_source(
+                source.name,
+                source.text,
+                run.tokenizer.path,
+                source.prepared,
+                workers=args.workers,
+                executor=args.executor,
+                tasks=args.tasks,
+                executor_options=options,
+                force=args.force,
+                **corpus_settings(run, source),
+            )
         except InvalidUTF8Error as err:
             raise InputError(err.with_fix("data.on_invalid_utf8")) from None
-        counts = ", ".join(
-            f"{k} {v['tokens']:,} tokens / {v['documents']:,} documents" for k, v in meta["splits"].items()
-        )
-        dropped = [
-            f"{meta.get(key, 0):,} {what}"
-            for key, what in (("duplicates_dropped", "exact duplicates"), ("null_texts", "null texts"))
-            if meta.get(key)
-        ]
-        print(
-            f"prepared {source.name} -> {source.prepared}: {counts}"
-            + (f" (dropped {', '.join(dropped)})" if dropped else "")
-        )
+        print(report)
     return 0

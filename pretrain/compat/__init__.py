@@ -4,6 +4,10 @@ they were tested with.
 - ``lightning``: Lightning's and DeepSpeed's internals (strategies, logging schedule, torchmetrics import)
 - ``memory``: torch's memory-estimation internals (fake tensors, fake process group, ``MemTracker``)
 - ``muon``: torch's Muon Newton-Schulz iteration
+- ``optim``: torch.optim's flag for optimizers that take ``found_inf`` (fused kernels)
+- ``dtensor``: a DTensor's local shard
+- ``hub``: ``datasets``' fingerprint of a hub dataset
+- ``omegaconf_nodes``: OmegaConf's unresolved node access
 - ``compile``: torch.compile's counters and dynamic-shape marks
 - ``torch_save``: ``torch.save``'s private writer and DCP's chunk layout
 - ``collectives``: torch.distributed's functional all-gather and ``DeviceMesh._flatten``
@@ -24,6 +28,8 @@ TESTED_WITH = {
     "torch": "2.13.0",
     "torchmetrics": "1.9.0",
     "lightning-utilities": "0.15.3",
+    "datasets": "5.2.0",
+    "omegaconf": "2.4.0",
 }
 
 

@@ -455,7 +455,7 @@ class PerModuleSharding(ModelParallelStrategy):
         ``state_dict`` and ``optimizer_<i>``, ``meta.pt``), the EMA (``checkpoint["ema"]``) among the shards."""
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
-        from pretrain.checkpoint.convert import dcp_state
+        from pretrain.checkpoint.optimizer_state import dcp_state
 
         tensors = dcp_state(checkpoint, self.optimizers, self.lightning_module)
         if self.async_writer is not None:
@@ -526,8 +526,8 @@ class PerModuleSharding(ModelParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        from pretrain.checkpoint.convert import optimizer_state_by_name
         from pretrain.checkpoint.io import read
+        from pretrain.checkpoint.optimizer_state import optimizer_state_by_name
 
         checkpoint = read(path)
         full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)

@@ -66,7 +66,7 @@ def newton_schulz_dtype(name: str, zero_where: torch.Tensor | None = None) -> It
     if zero_where is not None:
         inner = orthogonalise
 
-        def orthogonalise(*args, **kwargs):  # type: ignore[no-redef]
+        def orthogonalise(*args, **kwargs):
             update = inner(*args, **kwargs)
             return torch.where(zero_where, torch.zeros((), dtype=update.dtype, device=update.device), update)
 

@@ -150,12 +150,13 @@ def read_chunks_into(directory: str | os.PathLike, metadata: Any, key: str, out:
         if count == 0:
             continue
         first = (chunk.offsets[0] if size else 0) * row
+        assert flat is not None  # some elements to read
         block = flat[first : first + count].view(-1).numpy()
         with open(os.path.join(directory, info.relative_path), "rb") as f:
             offset = _data_offset(f, info.offset, info.length, block.nbytes)
             if offset is None:
                 return False
             f.seek(offset)
-            if f.readinto(memoryview(block)) != block.nbytes:
+            if f.readinto(block.data) != block.nbytes:
                 raise InputError(f"{directory}: the data of {key} is truncated")
     return True

@@ -29,12 +29,13 @@ import types
 import typing
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain.compat.omegaconf_nodes import child
 from pretrain.errors import InputError
 
 
@@ -155,7 +156,7 @@ def compose(
                     f"cannot compose {recipe}: {clash} is a list in one place and a mapping in another; write it "
                     f"as the pieces do (data.sources is a YAML list: sources: [{{name: ..., text: [...]}}])"
                 )
-            merged = OmegaConf.merge(merged, piece)
+            merged = cast(DictConfig, OmegaConf.merge(merged, piece))  # mappings merge into a mapping
         return apply_overrides(merged, overrides)
     except (OmegaConfBaseException, TypeError) as err:
         raise InputError(f"cannot compose {recipe}: {one_line(err)}") from err
@@ -185,7 +186,7 @@ def _shape_clash(base: Any, update: Any, prefix: str = "") -> str | None:
     for key in update:
         if key not in base:
             continue
-        a, b, path = base._get_node(key), update._get_node(key), f"{prefix}{key}"
+        a, b, path = child(base, key), child(update, key), f"{prefix}{key}"
         if (OmegaConf.is_list(a) and OmegaConf.is_dict(b)) or (OmegaConf.is_dict(a) and OmegaConf.is_list(b)):
             return path
         found = _shape_clash(a, b, f"{path}.")
@@ -255,7 +256,7 @@ def apply_overrides(config: Any, overrides: list[str] | None) -> dict[str, Any]:
                 f"({key}='\"...\"') or complete it (lists [a, b], mappings {{k: v}})"
             ) from err
     try:
-        return OmegaConf.to_container(merged, resolve=True)
+        return cast(dict[str, Any], OmegaConf.to_container(merged, resolve=True))  # a mapping's: a dict
     except OmegaConfBaseException as err:
         raise InputError(
             f"cannot resolve {one_line(err)} (an interpolation ${{a.b}} names a config key, e.g. ${{model.d_model}})"
@@ -333,7 +334,7 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
             return value if value in args else str(value)
         hint = did_you_mean(str(value), [str(a) for a in args], quote=True)
         raise InputError(f"{path}: {value!r} is not one of {list(args)}{hint}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return structured(tp, value, path)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):

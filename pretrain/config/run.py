@@ -10,13 +10,16 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pretrain.config.compose import check_run_name, check_type, compose, shared_data, structured
 from pretrain.datamodules.corpus import document_mode
 from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
 from pretrain.parallel.mesh import parallel_problems
+
+if TYPE_CHECKING:
+    from pretrain.datamodules.prepare import CorpusSettings
 
 ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
@@ -291,7 +294,20 @@ def shared_problems(t: TrainerConfig, c: CheckpointConfig) -> list[str]:
     return problems
 
 
-def check_resume_path(run: RunConfig) -> None:
+def corpus_settings(run: RunConfig, source: SourceConfig) -> CorpusSettings:
+    """The settings that shape ``source``'s prepared corpus (``pretrain prepare`` writes it with them, a fit checks
+    it is still what they give)."""
+    return {
+        "val_fraction": run.data.val_fraction,
+        "document": source.document,
+        "text_field": source.text_field,
+        "on_invalid_utf8": run.data.on_invalid_utf8,
+        "eos_token": run.tokenizer.special_tokens.get("eos"),
+        "dedup": source.dedup,
+    }
+
+
+def check_resume_path(run: TrainingRun) -> None:
     """``resume``, when a path, names a checkpoint that exists."""
     if run.resume not in (None, "auto") and not Path(run.resume).exists():
         raise FileNotFoundError(f"resume={run.resume}: no such checkpoint (use resume=auto or resume=null)")
@@ -412,7 +428,7 @@ class InitConfig:
 class RunConfig:
     name: str = "run"
     seed: int = 1337
-    run_dir: str | None = None  # default: runs/<name>
+    run_dir: str | None = None  # default: runs/<name> (validate sets it; read it as run_path)
     resume: str | None = "auto"  # "auto": newest valid checkpoint in run_dir if any; a path; or None (fresh)
     # resume although these differ from the checkpoint's (the warning says what happens; docs/long-runs.md)
     resume_allow: list[ResumeChange] = field(default_factory=list)
@@ -434,8 +450,14 @@ class RunConfig:
     ladder: dict[str, Any] | None = None
 
     @property
+    def run_path(self) -> Path:
+        """``run_dir``, set once the config is validated."""
+        assert self.run_dir is not None, "run_dir is set when the config is validated"
+        return Path(self.run_dir)
+
+    @property
     def checkpoint_dir(self) -> Path:
-        return Path(self.run_dir) / "checkpoints"
+        return self.run_path / "checkpoints"
 
 
 class TrainingRun(Protocol):
@@ -444,12 +466,16 @@ class TrainingRun(Protocol):
 
     name: str
     run_dir: str | None
+    resume: str | None
     data: Any  # .micro_batch_size (DeepSpeed's config)
     trainer: TrainerConfig
     strategy: StrategyConfig
     logger: LoggerConfig
     checkpoint: CheckpointConfig
     guards: GuardsConfig
+
+    @property
+    def run_path(self) -> Path: ...
 
     @property
     def checkpoint_dir(self) -> Path: ...

@@ -102,7 +102,7 @@ class PretrainLM(TemplateLM):
         """Greedy decoding only; requests are grouped by their generation arguments."""
         groups: dict[tuple, list[int]] = {}
         for i, req in enumerate(requests):
-            kwargs = dict(req.args[1])
+            kwargs: dict[str, Any] = dict(req.args[1])
             if kwargs.get("do_sample") or kwargs.get("temperature", 0.0) > 0.0:
                 raise InputError(
                     "the pretrain adapter decodes greedily; set do_sample: false / temperature: 0"

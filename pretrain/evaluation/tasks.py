@@ -30,7 +30,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -145,7 +145,7 @@ def load_task(
     if data_root is not None:
         cfg.data_root = str(data_root)
     try:
-        raw = OmegaConf.to_container(cfg, resolve=True)
+        raw = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a mapping's: a dict
     except OmegaConfBaseException as e:
         raise InputError(f"{path}: cannot resolve interpolation: {str(e).splitlines()[0]}") from None
     raw.pop("data_root", None)

@@ -62,6 +62,9 @@ def load_backbone(init: InitConfig) -> tuple[Transformer, Tokenizer, dict[str, s
     roles: dict[str, str] = {}
     tokenizer = None
     if init.checkpoint is None:
+        assert (
+            init.model is not None
+        )  # load_config requires init.model and init.tokenizer without a checkpoint
         model = Transformer(init.model)
         where = "init.model"
     else:
@@ -89,6 +92,7 @@ def load_backbone(init: InitConfig) -> tuple[Transformer, Tokenizer, dict[str, s
             check_init_checkpoint(init)
     if init.tokenizer is not None:
         tokenizer = load_tokenizer(init.tokenizer)
+    assert tokenizer is not None  # the backbone's or init.tokenizer (checked above and by load_config)
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size > model.config.vocab_size:
         raise InputError(

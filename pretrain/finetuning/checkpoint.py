@@ -115,6 +115,7 @@ def finetune_payload(
 ) -> dict[str, Any]:
     """The run's section of every checkpoint (``pretrain.checkpoint.PAYLOAD``)."""
     backbone = model.backbone if isinstance(model, TaskModel) else model
+    assert isinstance(backbone, Transformer)
     return {
         "config": {"model": dataclasses.asdict(backbone.config), "tokenizer": {"special_tokens": roles}},
         "tokenizer_json": tokenizer.to_str(),
@@ -142,7 +143,9 @@ def save_finetuned(path: Path, checkpoint: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(payload, tmp))  # a full disk: OSError naming path
 
 
-def _build(model_config: dict[str, Any], head: dict[str, Any], num_outputs: int | None, lora: Any = None):
+def _build(
+    model_config: dict[str, Any], head: dict[str, Any], num_outputs: int | None, lora: Any = None
+) -> tuple[Transformer | TaskModel, Any]:
     """``(model, LoRA adapters or None)``: the backbone (with ``lora`` injected), under a head unless text2text."""
     backbone = Transformer(ModelConfig(**model_config))
     adapters = None
@@ -153,6 +156,7 @@ def _build(model_config: dict[str, Any], head: dict[str, Any], num_outputs: int 
         adapters = add_lora(backbone, LoRAConfig(**lora))
     if head["kind"] == "text2text":
         return backbone, adapters
+    assert num_outputs is not None  # a head's (the payload's num_outputs)
     return TaskModel(backbone, head["kind"], num_outputs, pooling=head["pooling"]), adapters
 
 
@@ -167,7 +171,7 @@ def _merged_lora(state: dict[str, torch.Tensor], info: dict[str, Any]) -> dict[s
     return model.state_dict()
 
 
-def load_finetuned(path: str | Path) -> tuple[nn.Module, dict[str, Any], Tokenizer]:
+def load_finetuned(path: str | Path) -> tuple[Transformer | TaskModel, dict[str, Any], Tokenizer]:
     """``(model in eval mode, our section, tokenizer)`` of a ``finetuned.pt`` (``torch.load(weights_only=True)``;
     LoRA runs are saved merged: a plain model). The section holds ``finetune`` (the run's config),
     ``label_names``, ``num_outputs`` and the backbone's ``config``."""

@@ -127,7 +127,7 @@ class DecodingConfig:
 class FinetuneConfig:
     name: str = "finetune"
     seed: int = 1234
-    run_dir: str | None = None  # default runs/<name>
+    run_dir: str | None = None  # default runs/<name> (load_config sets it; read it as run_path)
     init: InitConfig = field(default_factory=InitConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
@@ -150,8 +150,14 @@ class FinetuneConfig:
     save: bool = True  # write <run_dir>/finetuned.pt (weights, config, tokenizer, label names)
 
     @property
+    def run_path(self) -> Path:
+        """``run_dir``, set once the config is validated."""
+        assert self.run_dir is not None, "run_dir is set when the config is validated"
+        return Path(self.run_dir)
+
+    @property
     def checkpoint_dir(self) -> Path:
-        return Path(self.run_dir) / "checkpoints"
+        return self.run_path / "checkpoints"
 
 
 def validate(raw: dict[str, Any]) -> FinetuneConfig:
@@ -181,7 +187,7 @@ def validate(raw: dict[str, Any]) -> FinetuneConfig:
         )
     _check_training(cfg)
     if cfg.lora is not None:
-        _check_lora(cfg)
+        _check_lora(cfg, cfg.lora)
     if cfg.freeze.layers < 0:
         raise InputError(f"freeze.layers must be >= 0, got {cfg.freeze.layers}")
     if problems := _data_and_decoding_problems(cfg):
@@ -269,8 +275,7 @@ def _check_training(cfg: FinetuneConfig) -> None:
         )
 
 
-def _check_lora(cfg: FinetuneConfig) -> None:
-    lora = cfg.lora
+def _check_lora(cfg: FinetuneConfig, lora: LoRAConfig) -> None:
     if lora.r < 1 or not lora.alpha > 0 or not 0 <= lora.dropout < 1:
         raise InputError(
             f"lora needs r >= 1, alpha > 0 and 0 <= dropout < 1, got r={lora.r}, alpha={lora.alpha}, "

@@ -19,7 +19,9 @@ def default_template(arch: str, pair: bool, tokenizer: Tokenizer, roles: dict[st
     from pretrain.datamodules.special_tokens import special_token_id
 
     def tok(role: str) -> str:
-        return tokenizer.id_to_token(special_token_id(tokenizer, role, roles))
+        token = tokenizer.id_to_token(special_token_id(tokenizer, role, roles))
+        assert token is not None  # special_token_id gives an id of the vocabulary
+        return token
 
     if arch == "decoder":
         return f"{tok('bos')} $A {tok('sep')} $B {tok('cls')}" if pair else f"{tok('bos')} $A {tok('cls')}"
@@ -41,7 +43,11 @@ def build_datamodule(cfg: FinetuneConfig, tokenizer: Tokenizer, arch: str, roles
                     "data.val_file and data.val_target_file go together (line-aligned source/target)"
                 )
             train = parallel_pairs(d.train_file, d.train_target_file, d.source_prefix)
-            val = parallel_pairs(d.val_file, d.val_target_file, d.source_prefix) if d.val_file else None
+            val = (
+                parallel_pairs(d.val_file, d.val_target_file, d.source_prefix)
+                if d.val_file and d.val_target_file  # both or neither (checked above)
+                else None
+            )
         else:
             if d.task is None:
                 raise InputError(

@@ -24,7 +24,6 @@ def decode_targets(
     from pretrain.models.beam_search import beam_search
     from pretrain.models.generation import generate
 
-    source = {"encoder_input_ids": batch["input_ids"], "encoder_attention_mask": batch["attention_mask"]}
     if cfg.strategy == "beam":
         out = beam_search(
             model,
@@ -36,7 +35,8 @@ def decode_targets(
             eos_token_id=eos,
             pad_token_id=pad,
             all_finished=all_finished,
-            **source,
+            encoder_input_ids=batch["input_ids"],
+            encoder_attention_mask=batch["attention_mask"],
         )
         return out.sequences[:, 1:]
     tokens = generate(
@@ -50,6 +50,7 @@ def decode_targets(
         eos_token_id=eos,
         pad_token_id=pad,
         all_finished=all_finished,
-        **source,
+        encoder_input_ids=batch["input_ids"],
+        encoder_attention_mask=batch["attention_mask"],
     )
     return tokens[:, 1:]

@@ -22,7 +22,10 @@ def _peft_config(cfg: LoRAConfig) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
+        r=cfg.r,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft annotates an int; it scales by alpha / r
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
     )
 
 

@@ -3,6 +3,8 @@ mcc (Matthews), pearson, spearman (regression); text-to-text: accuracy (exact ma
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torchmetrics
 
 from pretrain.errors import InputError
@@ -46,7 +48,7 @@ def build_metrics(names: list[str], num_labels: int, regression: bool) -> torchm
             f"choose from {list(allowed)}"
         )
     c = torchmetrics.classification
-    table = {
+    table: dict[str, Callable[[], torchmetrics.Metric]] = {
         "accuracy": lambda: c.MulticlassAccuracy(num_labels, average="micro"),
         "f1": lambda: (
             c.BinaryF1Score() if num_labels == 2 else c.MulticlassF1Score(num_labels, average="macro")

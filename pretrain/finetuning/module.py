@@ -9,6 +9,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 import torchmetrics
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
@@ -26,7 +27,7 @@ from pretrain.training.step import FreeGradientsAfterStep, StepLossHooks
 
 def finetune_optimizer(
     cfg: FinetuneConfig, backbone: nn.Module, head: nn.Module | None, max_steps: int
-) -> dict[str, Any]:
+) -> OptimizerLRSchedulerConfig:
     """`pretrain fit`'s optimizer (``pretrain.optim.build_optimizer``: AdamW with no decay on norms, biases
     and embeddings, or Muon for the backbone's hidden matrices) with the head's groups at ``head.lr``, and the
     configured warmup + decay schedule applied to every group."""
@@ -53,6 +54,7 @@ class _FinetuneBase(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
     """What both finetuning modules share: the checkpoint payload `pretrain export` / ``finetuned.pt`` read,
     and the loss scale DeepSpeed needs."""
 
+    cfg: FinetuneConfig
     payload: dict[str, Any] | None = None  # set by pretrain.finetuning.run: configs, tokenizer, labels
     resume_changes: frozenset[str] = frozenset()  # resume_allow entries that differ (pretrain.finetuning.run)
     base_lrs: tuple[float, ...] = ()  # each parameter group's base learning rate (configure_optimizers)
@@ -75,7 +77,7 @@ class _FinetuneBase(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         apply_resume_changes(self, checkpoint)
 
-    def _optimizer(self, backbone: nn.Module, head: nn.Module | None) -> dict[str, Any]:
+    def _optimizer(self, backbone: nn.Module, head: nn.Module | None) -> OptimizerLRSchedulerConfig:
         """``finetune_optimizer``; the config's base learning rates kept (a resume may restart from them)."""
         out = finetune_optimizer(self.cfg, backbone, head, self.cfg.trainer.max_steps)
         self.base_lrs = tuple(g["initial_lr"] for g in out["optimizer"].param_groups)
@@ -164,7 +166,7 @@ class FinetuneModule(_FinetuneBase):
         self.metrics.reset()
         self.val_loss.reset()
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         return self._optimizer(self.model.backbone, self.model.head)
 
 
@@ -259,5 +261,5 @@ class Text2TextModule(_FinetuneBase):
         self.val_loss.reset()
         self.hypotheses, self.references = [], []
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         return self._optimizer(self.model, None)

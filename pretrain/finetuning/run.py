@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -41,7 +40,9 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
         from pretrain.datamodules.special_tokens import special_token_id
 
         eos, pad = (special_token_id(tokenizer, r, roles) for r in ("eos", "pad"))
-        module = Text2TextModule(backbone, cfg, tokenizer, eos_id=eos, pad_id=pad)
+        module: Text2TextModule | FinetuneModule = Text2TextModule(
+            backbone, cfg, tokenizer, eos_id=eos, pad_id=pad
+        )
         labels = None
     else:
         regression = datamodule.format.regression
@@ -54,7 +55,7 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
 
     from pretrain.finetuning.lora import trainable_summary
 
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets the rank on the function
         print(trainable_summary(module.model))
     return {
         "module": module,
@@ -91,7 +92,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     file, write ``results.json`` (and ``finetuned.pt``); return the results. One writer of ``run_dir``."""
     from pretrain.io import run_lock
 
-    with run_lock(cfg.run_dir, "`pretrain finetune`"):
+    with run_lock(cfg.run_path, "`pretrain finetune`"):
         return _run(cfg)
 
 
@@ -132,7 +133,7 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
         results["val"] = {k.removeprefix("val/"): float(v) for k, v in metrics.items()}
     trainer.strategy.barrier()  # every rank's part of last.ckpt is written
     if trainer.is_global_zero:
-        out = Path(cfg.run_dir)
+        out = cfg.run_path
         out.mkdir(parents=True, exist_ok=True)
         if cfg.save:
             save_finetuned(out / "finetuned.pt", cfg.checkpoint_dir / "last.ckpt")

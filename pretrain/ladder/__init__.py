@@ -56,4 +56,23 @@ def refit(out: str | Path, allow_failed: bool = False) -> tuple[Plan, dict[str, 
     return plan, fit_ladder(plan, out, ladder_config(plan.ladder), cell_run(plan), allow_failed)
 
 
-__all__ = ["Plan", "plan_ladder", "read_plan", "refit", "run_ladder"]
+def budget_text(out: str | Path, flops: float) -> str:
+    """The compute-optimal model at ``flops`` FLOPs under the fit of ladder directory ``out``, as
+    ``pretrain ladder DIR --budget FLOPS`` prints it."""
+    from pretrain.ladder.report import optimal_for_budget, read_report, shape_text
+
+    out = Path(out)
+    plan = read_plan(out)
+    best = optimal_for_budget(plan, read_report(out), cell_run(plan), flops)
+    lo, hi = best["N_interval"]
+    dlo, dhi = best["D_interval"]
+    return (
+        f"compute-optimal at {flops:.3g} FLOPs ({plan.objective}):\n"
+        f"  N = {best['N']:,.0f} non-embedding parameters [{lo:,.0f}, {hi:,.0f}] (95 % bootstrap)\n"
+        f"  D = {best['D']:,.0f} tokens [{dlo:,.0f}, {dhi:,.0f}], {best['tokens_per_param']:.1f} tokens per parameter\n"
+        f"  predicted loss {best['loss']:.4f}; shape: {shape_text(best['shape'])}\n"
+        f"  overrides: {' '.join(best['overrides'])}"
+    )
+
+
+__all__ = ["Plan", "budget_text", "plan_ladder", "read_plan", "refit", "run_ladder"]

@@ -177,12 +177,12 @@ def bootstrap_laws(
     """Approach 3 refitted on ``samples`` resamples of the cells (with replacement), each started from the
     full-data optimum and the ``starts`` best grid starts of the full fit."""
     rng = np.random.default_rng(seed)
-    N, D, L = (np.asarray(v, float) for v in (N, D, L))
+    n, d, loss = (np.asarray(v, float) for v in (N, D, L))
     x0s = np.vstack([full.x, full.starts[:starts]])
     laws = []
     for _ in range(samples):
-        pick = rng.integers(0, len(L), len(L))
-        data = (np.log(N[pick]), np.log(D[pick]), np.log(L[pick]))
+        pick = rng.integers(0, len(loss), len(loss))
+        data = (np.log(n[pick]), np.log(d[pick]), np.log(loss[pick]))
         results = [_lbfgs(x0, data, delta) for x0 in x0s]
         x, value = min(results, key=lambda r: r[1] if np.isfinite(r[1]) else np.inf)
         # a resample that drifts to E, A or B beyond float range (its log past ~709) is dropped as a diverged one

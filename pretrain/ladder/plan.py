@@ -111,9 +111,7 @@ class Plan:
         return cls(**body, cells=cells)
 
 
-def load_ladder(
-    recipe: str | os.PathLike, overrides: list[str]
-) -> tuple[LadderConfig, dict[str, Any], RunConfig]:
+def load_ladder(recipe: str | Path, overrides: list[str]) -> tuple[LadderConfig, dict[str, Any], RunConfig]:
     """The recipe's ``ladder`` section, the rest of it (resolved), and that rest validated as a run."""
     raw = compose(recipe, overrides)
     ladder = ladder_config(raw.pop("ladder", None))  # the cells are runs without it
@@ -159,7 +157,8 @@ def measure(run: RunConfig, shape: Shape, seq_len: int, decoder_len: int | None)
 
     from pretrain.models.transformer import Transformer
 
-    config = dataclasses.replace(run.model, **shape.overrides())
+    changes: dict[str, Any] = shape.overrides()
+    config = dataclasses.replace(run.model, **changes)
     with torch.device("meta"):
         model = Transformer(config)
     params = model.num_params(exclude_embeddings=True)
@@ -191,7 +190,7 @@ def budget_label(value: float) -> str:
 
 
 def plan_ladder(
-    recipe: str | os.PathLike,
+    recipe: str | Path,
     overrides: list[str],
     out: str | os.PathLike,
     *,
@@ -265,7 +264,7 @@ def cell_config(plan: Plan, cell: Cell, raw: dict[str, Any], ladder: LadderConfi
     return body
 
 
-def write_plan(plan: Plan, recipe: str | os.PathLike, overrides: list[str]) -> None:
+def write_plan(plan: Plan, recipe: str | Path, overrides: list[str]) -> None:
     """``DIR/plan.json`` and each cell's ``recipe.yaml``; a directory holding another ladder is refused (its
     finished cells would not be this plan's)."""
     ladder, raw, _ = load_ladder(recipe, overrides)

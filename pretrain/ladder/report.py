@@ -260,3 +260,37 @@ def shape_text(shape: dict[str, Any]) -> str:
         + (f" + {s.n_decoder_layer} decoder layers" if s.n_decoder_layer is not None else "")
         + f", {s.n_head} heads of {s.head_dim}, d_ff {s.d_ff}"
     )
+
+
+def fit_text(out: Path, report: dict[str, Any]) -> str:
+    """What ``pretrain ladder`` prints about a fitted ladder ``report`` of directory ``out``."""
+    fit = report["fit"]
+    ci = fit["intervals"]
+    lines = [
+        (
+            f"L(N, D) = {fit['E']:.3f} + {fit['A']:.4g} / N^{fit['alpha']:.3f} + {fit['B']:.4g} / D^{fit['beta']:.3f}"
+            f"  ({fit['cells']} cells; N: non-embedding parameters, D: tokens)"
+        ),
+        (
+            f"alpha {fit['alpha']:.3f} [{ci['alpha'][0]:.3f}, {ci['alpha'][1]:.3f}], beta {fit['beta']:.3f} "
+            f"[{ci['beta'][0]:.3f}, {ci['beta'][1]:.3f}] (95 % bootstrap)"
+        ),
+    ]
+    held = report.get("held_out")
+    if held:
+        lines.append(
+            f"held out {held['cell']}: predicted {held['predicted']:.4f}, actual {held['actual']:.4f} "
+            f"({held['rel_error'] * 100:+.2f} %)"
+        )
+    iso = report["isoflop"]
+    if "a" in iso:
+        lines.append(
+            f"isoFLOP: N_opt ~ C^{iso['a']:.3f} [{iso['a_interval'][0]:.3f}, {iso['a_interval'][1]:.3f}]"
+        )
+    for note in (iso.get("warning"), iso.get("skipped")):
+        if note:
+            lines.append(f"isoFLOP: {note}")
+    if report["excluded"]:
+        lines.append(f"left out (failed): {', '.join(report['excluded'])}")
+    lines.append(f"report: {out / 'ladder.json'}; plots: {', '.join(report['plots'].values())}")
+    return "\n== pretrain ladder: fitted ==\n" + "\n".join(f"  {line}" for line in lines)

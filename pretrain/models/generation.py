@@ -10,10 +10,13 @@ final length (prompt + ``max_new_tokens``) and written in place.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from pretrain.errors import InputError
+from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 
 
@@ -162,3 +165,91 @@ def generate(
     finally:
         model.train(was_training)
     return tokens[:, :length]
+
+
+DEFAULT_NEW_TOKENS = 100
+
+
+def sample_texts(
+    model: Transformer,
+    tokenizer: Any,
+    prompt: str,
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    eos: str = "</s>",
+    seed: int = 0,
+) -> list[str]:
+    """``num_samples`` texts of ``model`` (decoder or encoder-decoder with an LM head) for ``prompt`` (a
+    ``tokenizers.Tokenizer`` encodes it; a prompt spelling ``</s>`` is that text, not EOS): a decoder's are the
+    prompt and its continuation, an encoder-decoder's the spans its sentinels stand for. ``max_new_tokens``:
+    default 100, or what the position table leaves; ``eos``: the stop token ('' never stops early)."""
+    from pretrain.datamodules.tokenizer import TextEncoder
+
+    cfg = model.config
+    ids = torch.tensor([TextEncoder(tokenizer).encode(prompt)] * num_samples, dtype=torch.long)
+    if ids.shape[1] == 0 and cfg.arch == "decoder":
+        raise InputError("the prompt is empty; pass --prompt TEXT")
+    new_tokens = _max_new_tokens(cfg, ids.shape[1], max_new_tokens)
+    eos_id = tokenizer.token_to_id(eos) if eos else None
+    if eos and eos_id is None:
+        raise InputError(f"--eos {eos!r} is not in the tokenizer's vocabulary; name one that is, or --eos ''")
+    enc_dec = cfg.arch == "encoder-decoder"
+    out = generate(
+        model.eval(),
+        None if enc_dec else ids,
+        new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        greedy=greedy,
+        eos_token_id=eos_id,
+        generator=torch.Generator().manual_seed(seed),
+        encoder_input_ids=ids if enc_dec else None,
+    )
+    if enc_dec:
+        return [tokenizer.decode(row, skip_special_tokens=False) for row in out.tolist()]
+    return [prompt + tokenizer.decode(row[ids.shape[1] :], skip_special_tokens=True) for row in out.tolist()]
+
+
+def span_filling_note(tokenizer: Any, prompt: str) -> str:
+    """What an encoder-decoder (span corruption) model's output is, and a warning for a prompt with no sentinel."""
+    from pretrain.datamodules.tokenizer import TextEncoder
+
+    prompt_ids = TextEncoder(tokenizer).encode(prompt)
+    note = (
+        "(a span-corruption model returns the spans its input's sentinels stand for, each after its sentinel: "
+        "<extra_id_0> span <extra_id_1> span ...)"
+    )
+    if not any((tokenizer.id_to_token(i) or "").startswith("<extra_id_") for i in prompt_ids):
+        note += (
+            "\n(the prompt has no sentinel, so there is nothing to fill: mark missing text with <extra_id_0>, "
+            'e.g. --prompt "To be, or <extra_id_0> to be")'
+        )
+    return note
+
+
+def _max_new_tokens(cfg: ModelConfig, prompt_len: int, requested: int | None) -> int:
+    """``--max-new-tokens`` (default: 100, or what the position table leaves). A model with a position table
+    (learned / sinusoidal) cannot go past ``max_seq_len``: say so before generating instead of failing after."""
+    if cfg.position not in ("learned", "sinusoidal"):
+        return requested or DEFAULT_NEW_TOKENS
+    limit = cfg.max_seq_len
+    room = limit - 1 if cfg.arch == "encoder-decoder" else limit - prompt_len
+    max_new_tokens = requested or min(DEFAULT_NEW_TOKENS, max(room, 1))
+    if cfg.arch == "encoder-decoder":
+        if prompt_len > limit or max_new_tokens + 1 > limit:
+            raise InputError(
+                f"the prompt ({prompt_len} tokens) or --max-new-tokens {max_new_tokens} exceeds the model's "
+                f"{limit} positions; shorten the prompt or use --max-new-tokens {limit - 1}"
+            )
+    elif prompt_len + max_new_tokens > limit:
+        raise InputError(
+            f"the prompt ({prompt_len} tokens) + --max-new-tokens {max_new_tokens} exceeds the model's {limit} "
+            f"positions (model.max_seq_len); use --max-new-tokens {max(limit - prompt_len, 0)} or a shorter prompt"
+        )
+    return max_new_tokens

@@ -176,10 +176,10 @@ class TaskModel(nn.Module):
             if input_ids.dim() != 3:
                 raise ValueError("multiple_choice inputs must be (B, C, T)")
             choices = input_ids.shape[1]
-            input_ids, attention_mask, token_type_ids = (
-                t.flatten(0, 1) if t is not None else None
-                for t in (input_ids, attention_mask, token_type_ids)
-            )  # (B, C, T) -> (B*C, T)
+            input_ids = input_ids.flatten(0, 1)  # (B, C, T) -> (B*C, T)
+            attention_mask, token_type_ids = (
+                t.flatten(0, 1) if t is not None else None for t in (attention_mask, token_type_ids)
+            )
         if self.backbone.config.arch == "encoder-decoder":  # T5: the encoder only
             hidden, pooled = self.backbone.encode(input_ids, attention_mask, token_type_ids), None
         else:
@@ -214,5 +214,6 @@ class TaskModel(nn.Module):
             hidden = out.hidden_states
         pooled = pool_packed(hidden, packing, self.pooling)
         if self.pooling == "pooler":
+            assert self.backbone.pooler is not None  # the head checks model.pooler for this pooling
             pooled = self.backbone.pooler(pooled[:, None])
         return self.head(pooled)

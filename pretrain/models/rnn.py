@@ -50,6 +50,10 @@ def init_recurrent(rnn: nn.LSTM | nn.GRU, forget_bias: float) -> None:
                 p[H : 2 * H] = forget_bias if name.startswith("bias_ih") else 0.0
 
 
+def _detached(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.detach()
+
+
 @dataclass
 class RNNState:
     """The past of a recurrent model: hidden states ``h`` (L, B, H), LSTM cells ``c`` (L, B, H) (None for the
@@ -73,8 +77,13 @@ class RNNState:
 
     def detach(self) -> RNNState:
         """The same state cut from the graph (truncated backpropagation through time)."""
-        cut = lambda x: None if x is None else x.detach()
-        return replace(self, h=cut(self.h), c=cut(self.c), memory=cut(self.memory), keys=cut(self.keys))
+        return replace(
+            self,
+            h=self.h.detach(),
+            c=_detached(self.c),
+            memory=_detached(self.memory),
+            keys=_detached(self.keys),
+        )
 
     def reorder(self, index: Tensor, beams_only: bool = False) -> None:
         """Keep batch rows ``index`` (B',) in place (beam reordering / expansion); ``beams_only``: ``index`` only
@@ -169,7 +178,9 @@ class AttentionScore(nn.Module):
     def __init__(self, kind: str, d_query: int, d_key: int, rank: int, d_attention: int):
         super().__init__()
         self.kind = kind
-        self.query = self.key = self.v = None
+        self.query: nn.Linear | None = None
+        self.key: nn.Linear | None = None
+        self.v: nn.Linear | None = None
         if kind == "multiplicative":
             self.query = nn.Linear(d_query, d_key, bias=False)  # q = W^T h: q . s = h^T W s
         elif kind == "low_rank":
@@ -186,7 +197,7 @@ class AttentionScore(nn.Module):
     def forward(self, h: Tensor, keys: Tensor) -> Tensor:
         """h (B, T, H), projected keys (B, S, *) -> scores (B, T, S)."""
         q = h if self.query is None else self.query(h)
-        if self.kind == "additive":
+        if self.v is not None:  # additive
             return self.v(torch.tanh(q[:, :, None] + keys[:, None])).squeeze(-1)
         return q @ keys.transpose(1, 2)
 
@@ -207,7 +218,9 @@ class Seq2SeqRNN(nn.Module):
         directions = 2 if c.bidirectional else 1
         self.bridge_h = nn.Linear(directions * c.d_hidden, c.d_hidden)
         self.bridge_c = nn.Linear(directions * c.d_hidden, c.d_hidden) if c.cell == "lstm" else None
-        self.score = AttentionScore(c.attention, c.d_hidden, c.d_memory, c.attention_rank, c.d_attention)
+        self.score = AttentionScore(
+            c.attention, c.d_hidden, c.d_memory, c.attention_rank, c.d_attention or c.d_hidden
+        )
         self.combine = nn.Linear(c.d_memory + c.d_hidden, c.d_hidden, bias=False)  # W_c
         self.head = nn.Linear(c.d_hidden, c.vocab_size)
         if c.tie_embeddings:
@@ -241,7 +254,7 @@ class Seq2SeqRNN(nn.Module):
         h, c = final if isinstance(final, tuple) else (final, None)
         return RNNState(
             self._bridge(h, self.bridge_h),
-            None if c is None else self._bridge(c, self.bridge_c),
+            None if c is None or self.bridge_c is None else self._bridge(c, self.bridge_c),
             memory,
             self.score.project_keys(memory),
             attention_mask.bool(),
@@ -269,6 +282,7 @@ class Seq2SeqRNN(nn.Module):
                 raise ValueError("pass the source input_ids (B, S) or a cache from encode()")
             cache = self.encode(input_ids, attention_mask)
         memory, keys = cache.memory, cache.keys
+        assert cache.encoder_mask is not None  # encode()'s
         out, state = self.decoder(self.drop(self.embed(decoder_input_ids)), cache.rnn_state)  # (B, T, H)
         scores = self.score(out, keys).masked_fill(
             ~cache.encoder_mask[:, None, :], float("-inf")

@@ -175,7 +175,7 @@ class WordVectors:
         """Top-1 accuracy over ``(a, b, c, d)`` questions whose four words are all known (others are skipped)."""
         questions = list(questions)
         known = [q for q in questions if all(self.lookup(w) is not None for w in q)]
-        correct = sum(self.analogy(a, b, c)[0][0] == self.words[self.lookup(d)] for a, b, c, d in known)
+        correct = sum(self.analogy(a, b, c)[0][0] == self.words[self._require(d)] for a, b, c, d in known)
         return {
             "analogy_accuracy": correct / len(known) if known else float("nan"),
             "analogy_questions": len(known),
@@ -231,7 +231,8 @@ def read_analogies(path: str | os.PathLike) -> list[tuple[str, str, str, str]]:
             continue
         if len(parts) != 4:
             raise InputError(f"{path}:{n}: an analogy line needs 4 words 'a b c d', got {line!r}")
-        out.append(tuple(parts))
+        a, b, c, d = parts
+        out.append((a, b, c, d))
     return out
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pretrain.compat.dtensor import local_shard
 from pretrain.config import RunConfig
 from pretrain.errors import InputError
 
@@ -204,7 +205,7 @@ def trace(
             fake = {k: mode.from_tensor(v) for k, v in batch.items()}
             step = lambda: train_step(model, optimizer, fake, run.trainer.precision, tp > 1)
             snap = trace_peak(model, optimizer, step)
-        local = {p: getattr(p, "_local_tensor", p) for p in model.parameters()}  # a DTensor's shard
+        local = {p: local_shard(p) for p in model.parameters()}
         all_grads = sum(t.nbytes for p, t in local.items() if p.requires_grad)
         held = snap["params"] if mesh is None else sum(t.nbytes for t in local.values())
         sizes = [p.numel() for p in model.parameters() if p.requires_grad]  # global shapes

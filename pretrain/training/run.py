@@ -28,7 +28,7 @@ def fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[s
     if without_gc:
         gc.disable()
     try:
-        with run_lock(run.run_dir, "`pretrain fit`"):  # one writer of the run's checkpoints and logs
+        with run_lock(run.run_path, "`pretrain fit`"):  # one writer of the run's checkpoints and logs
             return _fit(run, resolved, recipe, overrides)
     finally:
         if without_gc:
@@ -42,7 +42,7 @@ def check_input_files(run: RunConfig) -> None:
     from pretrain.datamodules.prepare import read_meta
     from pretrain.datamodules.tokenizer import load_tokenizer
 
-    if Path(run.run_dir).exists() and not Path(run.run_dir).is_dir():
+    if run.run_path.exists() and not run.run_path.is_dir():
         raise InputError(f"run_dir={run.run_dir} is a file; give a directory (it is created if missing)")
     load_tokenizer(run.tokenizer.path)
     for source in run.data.sources:
@@ -51,31 +51,31 @@ def check_input_files(run: RunConfig) -> None:
 
 
 def _fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[str]) -> int:
-    from pretrain.compat import lightning as lightning_compat  # first: Lightning without torchmetrics' extras
-
-    # isort: split
     from pretrain.checkpoint.reshard import CACHE, loadable, remove_cache
+    from pretrain.compat import (
+        lightning as lightning_compat,  # before Lightning: without torchmetrics' extras
+    )
     from pretrain.errors import RankDied, peer_gone
     from pretrain.training.callbacks.preemption import Interrupted
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
     parts = prepare_run(run, resolved)
-    restore = parts["ckpt"]
+    restore = parts.ckpt
     if restore is not None:
         if finished(run, restore):
             return 0
         stage = run.strategy.deepspeed.stage if run.strategy.name == "deepspeed" else None
         world = run.trainer.devices * run.trainer.num_nodes
-        restore = loadable(restore, run.strategy.name, world, stage, Path(run.run_dir) / CACHE)
-    module = parts["module"]
+        restore = loadable(restore, run.strategy.name, world, stage, run.run_path / CACHE)
+    module = parts.module
     trainer = build_trainer(run, resolved, wandb_id=module.wandb_id)
     try:
         with warnings.catch_warnings():
             # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
             # position exactly (datamodules/pretrain.py), so its warning on every mid-epoch resume is wrong here.
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch")
-            trainer.fit(module, datamodule=parts["datamodule"], ckpt_path=restore, weights_only=True)
+            trainer.fit(module, datamodule=parts.datamodule, ckpt_path=restore, weights_only=True)
     except Interrupted as stop:
         if trainer.is_global_zero:
             again = [recipe, *(o for o in overrides if not o.startswith("resume=")), "resume=auto"]
@@ -91,11 +91,11 @@ def _fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[
             remove_cache(run.run_dir)  # converted checkpoints: every rank loaded its state at the start
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
-        summary(trainer, run, module, last if last.exists() else parts["ckpt"])
-        if run.logger.csv and any((Path(run.run_dir) / "logs").glob("version_*/metrics.csv")):
+        summary(trainer, run, module, last if last.exists() else parts.ckpt)
+        if run.logger.csv and any((run.run_path / "logs").glob("version_*/metrics.csv")):
             from pretrain.training.callbacks.plots import plot_runs
 
-            print(f"  curves: {plot_runs([run.run_dir], Path(run.run_dir) / 'curves.png')}")
+            print(f"  curves: {plot_runs([run.run_dir], run.run_path / 'curves.png')}")
     return 0
 
 
@@ -129,7 +129,7 @@ def finished(run: RunConfig, ckpt: Path) -> bool:
     return True
 
 
-def summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
+def summary(trainer: Any, run: RunConfig, module: Any, last: Path | None) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
@@ -170,30 +170,29 @@ def summary(trainer: Any, run: RunConfig, module: Any, last: Path) -> None:
 def validate(run: RunConfig, resolved: dict[str, Any]) -> int:
     """Validation metrics of ``run``'s checkpoint (``resume``: a given one, else the newest valid one), printed."""
     check_input_files(run)
-    from pretrain.compat import lightning as lightning_compat  # noqa: F401  (first: Lightning without torchmetrics' extras)
-
-    # isort: split
     from pretrain.checkpoint.resume import strategy_reads
+    from pretrain.compat import lightning as lightning_compat  # noqa: F401  (before Lightning: without torchmetrics' extras)
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
     parts = prepare_run(run, resolved, training=False)
-    if parts["ckpt"] is None:
+    if parts.ckpt is None:
         raise FileNotFoundError(f"no checkpoint in {run.checkpoint_dir}; pass --ckpt PATH or train first")
     trainer = build_trainer(run, resolved, loggers=[])
-    ckpt = parts["ckpt"]
+    ckpt = parts.ckpt
+    restore: Path | None = ckpt  # what the strategy restores (None: the weights are loaded already)
     # a directory of another strategy, or any checkpoint under DeepSpeed (whose engine cannot load ZeRO-3 weights
     # without an optimizer): the consolidated weights are loaded before the strategy sets the model up
     if run.strategy.name == "deepspeed" or not strategy_reads(run.strategy.name, ckpt):
         from pretrain.checkpoint.convert import load_model
 
-        parts["module"].model.load_state_dict(load_model(ckpt)[0].state_dict())
-        ckpt = None
+        parts.module.model.load_state_dict(load_model(ckpt)[0].state_dict())
+        restore = None
     results = trainer.validate(
-        parts["module"], datamodule=parts["datamodule"], ckpt_path=ckpt, weights_only=True, verbose=False
+        parts.module, datamodule=parts.datamodule, ckpt_path=restore, weights_only=True, verbose=False
     )
     if trainer.is_global_zero:
-        print(f"checkpoint: {parts['ckpt']}")
+        print(f"checkpoint: {parts.ckpt}")
         for name, value in sorted(results[0].items()):
             print(f"  {name}: {value:.4f}")
     return 0

@@ -11,8 +11,9 @@ import hashlib
 import json
 import secrets
 import string
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pretrain.checkpoint.resume import (
     MISSING,
@@ -24,8 +25,13 @@ from pretrain.checkpoint.resume import (
     optimizer_values,
 )
 from pretrain.config import RunConfig
-from pretrain.config.run import check_checkpoint, check_resume_path
+from pretrain.config.run import TrainingRun, check_checkpoint, check_resume_path
 from pretrain.errors import InputError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from pretrain.training.module import PretrainData, PretrainModule
 
 
 def build_objective(run: RunConfig, tokenizer: Any) -> Any:
@@ -125,19 +131,10 @@ def model_token_ids(run: RunConfig, tokenizer: Any) -> dict[str, int | None]:
 def check_fresh(run: RunConfig, source: Any, tokenizer: Any) -> None:
     """``ValueError`` when ``source.prepared`` is not what ``pretrain prepare`` would write from the recipe now
     (raw text edited, settings changed, files damaged): training on it would silently use stale data."""
+    from pretrain.config.run import corpus_settings
     from pretrain.datamodules.prepare import stale_reason
 
-    reason = stale_reason(
-        source.prepared,
-        list(source.text),
-        tokenizer,
-        val_fraction=run.data.val_fraction,
-        document=source.document,
-        text_field=source.text_field,
-        on_invalid_utf8=run.data.on_invalid_utf8,
-        eos_token=run.tokenizer.special_tokens.get("eos"),
-        dedup=source.dedup,
-    )
+    reason = stale_reason(source.prepared, list(source.text), tokenizer, **corpus_settings(run, source))
     if reason is not None:
         raise InputError(
             f"data source {source.name!r}: {source.prepared} is stale ({reason}); rerun `pretrain prepare` "
@@ -158,7 +155,7 @@ def _as_last(done: Path, last: Path) -> Path:
     return last
 
 
-def resume_path(run: RunConfig) -> Path | None:
+def resume_path(run: TrainingRun) -> Path | None:
     """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
     checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
     from pretrain.checkpoint.resume import checkpoint_step, find_resume
@@ -335,7 +332,17 @@ def new_run_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
-def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = True) -> dict[str, Any]:
+@dataclass
+class PreparedRun:
+    """What ``prepare_run`` builds: the Trainer's module and datamodule, and the checkpoint it resumes from."""
+
+    tokenizer: Tokenizer
+    datamodule: PretrainData
+    module: PretrainModule
+    ckpt: Path | None  # the checkpoint to resume (``resume``), None for a fresh run
+
+
+def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = True) -> PreparedRun:
     """Everything before the Trainer: tokenizer, objective, data, checkpoint to resume, module. Cheap, and it
     raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint). Not
     ``training`` (``pretrain validate``): only what gives the weights and the validation data their meaning is
@@ -357,7 +364,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
             "cannot: put run_dir on a local Linux file system, or set checkpoint.async_save=false"
         )
     tokenizer = load_tokenizer(run.tokenizer.path)
-    ids = model_token_ids(run, tokenizer)
+    ids: dict[str, Any] = model_token_ids(run, tokenizer)  # ModelConfig's special-token id fields
     run.model = dataclasses.replace(run.model, **ids)
     resolved["model"] = {**resolved["model"], **ids}
     objective = build_objective(run, tokenizer)
@@ -386,4 +393,4 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
     module.resume_changes = frozenset(changes)
     if ckpt is None and run.init.checkpoint is not None:  # a fresh run from another run's weights
         module.model.load_state_dict(initial_weights(run.init.checkpoint, module.model, tokenizer.to_str()))
-    return {"tokenizer": tokenizer, "datamodule": datamodule, "module": module, "ckpt": ckpt}
+    return PreparedRun(tokenizer=tokenizer, datamodule=datamodule, module=module, ckpt=ckpt)

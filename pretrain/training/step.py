@@ -29,8 +29,8 @@ the config count optimizer steps; :func:`micro_batches` converts them to Lightni
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -63,11 +63,19 @@ def dropout_seed(seed: int, step: int, micro_batch: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, step, micro_batch, rank]).generate_state(1, np.uint64)[0] >> 1)
 
 
+class Loader(Protocol):
+    """What :class:`StepGroups` groups: a sized iterable of batches (a ``DataLoader``)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]: ...
+
+
 class StepGroups:
     """Micro-batches of ``loader`` in groups of ``k`` (one optimizer step), each tagged with the group's number
     of targets (``labels != -100``). A trailing incomplete group is dropped so every step has k micro-batches."""
 
-    def __init__(self, loader: Iterable[dict[str, Tensor]], k: int):
+    def __init__(self, loader: Loader, k: int):
         self.loader, self.k = loader, k
         self.sampler = getattr(loader, "sampler", None)  # Lightning calls sampler.set_epoch
 
@@ -77,7 +85,9 @@ class StepGroups:
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         batches = iter(self.loader)
         while len(group := list(itertools.islice(batches, self.k))) == self.k:
-            count = sum((b["labels"] != IGNORE_INDEX).sum() for b in group)
+            count = cast(
+                Tensor, sum((b["labels"] != IGNORE_INDEX).sum() for b in group)
+            )  # of tensors: a tensor
             for batch in group:
                 yield {**batch, STEP_TARGETS: count}
 

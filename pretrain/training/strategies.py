@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch import nn
 
 from pretrain.checkpoint.async_save import AsyncCheckpointIO, AsyncCheckpointWriter
-from pretrain.checkpoint.io import AtomicCheckpointIO
+from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.config.run import TrainingRun
 from pretrain.errors import InputError
 from pretrain.parallel.mesh import ParallelDims, RunMesh
@@ -68,7 +68,8 @@ def optimizer_offloaded(run: TrainingRun) -> bool:
 def shard_units(module: nn.Module) -> list[nn.Module]:
     """The modules FSDP shards one by one: those every submodule declares with ``fsdp_units()`` (the
     ``Transformer``: its blocks)."""
-    return [unit for sub in module.modules() if hasattr(sub, "fsdp_units") for unit in sub.fsdp_units()]
+    declared = (getattr(sub, "fsdp_units", None) for sub in module.modules())
+    return [unit for units in declared if units is not None for unit in units()]
 
 
 def shard_model(

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from pretrain import compat
 from pretrain.checkpoint.async_save import AsyncCheckpointIO
-from pretrain.checkpoint.io import AtomicCheckpointIO
+from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.compat import lightning as lightning_compat
 from pretrain.config.run import TrainingRun, check_checkpoint
 from pretrain.training.callbacks.garbage import ScheduledGarbageCollection
@@ -90,7 +90,7 @@ class StepWandbLogger(WandbLogger):
 
 def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | None) -> list[Logger]:
     """W&B (offline by default; ``wandb_id`` continues a run), CSV and TensorBoard under ``run.run_dir``."""
-    out = Path(run.run_dir)
+    out = run.run_path
     loggers: list[Logger] = []
     cfg = run.logger
     if cfg.wandb.enabled:

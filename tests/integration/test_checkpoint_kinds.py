@@ -116,7 +116,7 @@ def test_convert_every_kind_to_one_file_and_to_dcp(kinds, tmp_path, capsys):
     from training_utils import one_error_line
 
     from pretrain.checkpoint import dcp, read
-    from pretrain.checkpoint.convert import optimizer_state_by_names
+    from pretrain.checkpoint.optimizer_state import optimizer_state_by_names
     from pretrain.models.config import ModelConfig
     from pretrain.optim import group_param_names
 

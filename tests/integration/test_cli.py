@@ -11,7 +11,8 @@ import pytest
 import torch
 from training_utils import REPO_ROOT, cli_env, tiny_recipe
 
-from pretrain.checkpoint import PAYLOAD, AtomicCheckpointIO, read
+from pretrain.checkpoint import PAYLOAD, read
+from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.cli import COMMANDS, main
 from pretrain.models.config import ModelConfig
 
@@ -197,7 +198,7 @@ def test_resume_under_other_run_time_settings(trained, tmp_path):
 
     resume = [f"resume={trained['ckpt']}", f"run_dir={tmp_path}"]
     run, resolved = config.load(trained["recipe"], [*resume, "model.attention=flex", "trainer.compile=true"])
-    model = prepare_run(run, resolved)["module"].model
+    model = prepare_run(run, resolved).module.model
     assert model.config.attention == "flex" and hasattr(model, "_compiled_call_impl")
     assert (
         main(

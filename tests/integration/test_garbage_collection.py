@@ -58,7 +58,7 @@ def collections_during_fit(tmp_path, world, every: int, k: int) -> list[tuple[in
     parts = prepare_run(run, resolved)
     recorder = CyclesAndCollections()
     trainer = build_trainer(run, resolved, callbacks=[recorder], loggers=[])
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
     assert gc.isenabled()  # Python's automatic GC is back after fit
     return recorder.collections
 

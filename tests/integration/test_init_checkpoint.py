@@ -25,7 +25,7 @@ def test_a_fresh_run_starts_from_the_checkpoints_weights(tiny_gpt_run, tmp_path)
     ckpt = tiny_gpt_run["ckpt"]
     overrides = [f"run_dir={tmp_path / 'next'}", f"init.checkpoint={ckpt}", "model.dropout=0.2"]
     run, resolved = load(tiny_gpt_run["recipe"], overrides)
-    module = prepare_run(run, resolved)["module"]
+    module = prepare_run(run, resolved).module
     trained, _, _ = load_model(ckpt)
     expected = trained.state_dict()
     got = module.model.state_dict()

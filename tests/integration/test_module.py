@@ -40,17 +40,17 @@ def fit_one_step(tmp_path, world, kind: str, micro: int, k: int):
     )
     run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
-    init = copy.deepcopy(parts["module"].model.state_dict())
+    init = copy.deepcopy(parts.module.model.state_dict())
     capture = CaptureGrads()
     trainer = build_trainer(run, resolved, callbacks=[capture], loggers=[])
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
     return run, parts, init, capture.grads
 
 
 def one_piece_grads(run, parts, init, global_batch: int, loss_fn) -> dict[str, torch.Tensor]:
     """Gradients of ``loss_fn(model, [micro-batches])`` on the run's first ``global_batch`` samples."""
     run.data.micro_batch_size, run.trainer.accumulate_grad_batches = global_batch, 1
-    dm = build_data(run, parts["module"].objective, parts["tokenizer"])
+    dm = build_data(run, parts.module.objective, parts.tokenizer)
     batch = next(iter(dm.train_dataloader()))
     batch.pop(STEP_TARGETS)
     model = Transformer(run.model)
@@ -85,7 +85,7 @@ def mean_of_micro_means(objective, micro: int):
 def test_accumulated_gradient_equals_global_batch_gradient(tmp_path, tiny_world, kind):
     """2 micro-batches of 2 (accumulated by the Trainer) == 1 batch of 4: sum of token losses / total targets."""
     run, parts, init, grads = fit_one_step(tmp_path, tiny_world, kind, micro=2, k=2)
-    objective = parts["module"].objective
+    objective = parts.module.objective
     reference = one_piece_grads(run, parts, init, 4, global_mean_loss(objective))
     assert grads.keys() == reference.keys() and grads
     for name, grad in grads.items():
@@ -122,7 +122,7 @@ def test_gradients_are_freed_right_after_each_update(tmp_path, tiny_world):
     parts = prepare_run(run, resolved)
     held = GradientsHeld()
     trainer = build_trainer(run, resolved, callbacks=[held], loggers=[])
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
     assert held.before == [False, True] * 3  # micro-batch 1 of each step adds to micro-batch 0's gradients
     assert held.after == [True, False] * 3
 
@@ -145,7 +145,7 @@ def test_an_epochs_trailing_incomplete_step_is_skipped_by_the_data_position(tmp_
     """5 batches per epoch, 2 per step: the position rolls over after the 4th, so the next ``iter()`` (a new
     epoch for the loop) starts the data's next epoch instead of an empty rest of this one."""
     run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, "gpt"))
-    objective = prepare_run(run, resolved)["datamodule"].objective
+    objective = prepare_run(run, resolved).datamodule.objective
     dm = PretrainData(
         tiny_world["data"],
         objective,
@@ -172,15 +172,15 @@ def test_masks_that_mask_nothing_are_dropped_before_transfer(tmp_path, tiny_worl
         "attention_mask": torch.ones(2, 3),
         "decoder_attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
     }
-    out = parts["datamodule"].on_before_batch_transfer(dict(batch), 0)
+    out = parts.datamodule.on_before_batch_transfer(dict(batch), 0)
     assert "attention_mask" not in out and out["decoder_attention_mask"] is batch["decoder_attention_mask"]
     one_each = {"document_ids": torch.tensor([[0, 0, -1]]), "position_ids": torch.tensor([[0, 1, 0]])}
-    out = parts["datamodule"].on_before_batch_transfer({**batch, **one_each}, 0)
+    out = parts.datamodule.on_before_batch_transfer({**batch, **one_each}, 0)
     assert "document_ids" not in out and "position_ids" not in out  # one document per row: nothing to mask
     packed = {"document_ids": torch.tensor([[0, 1, 1]]), "position_ids": torch.tensor([[0, 0, 1]])}
-    assert parts["datamodule"].on_before_batch_transfer({**batch, **packed}, 0).keys() >= packed.keys()
+    assert parts.datamodule.on_before_batch_transfer({**batch, **packed}, 0).keys() >= packed.keys()
     # the tiny recipes keep documents apart (data.document_mask defaults on): batches of several carry their ids
-    dm = parts["datamodule"]
+    dm = parts.datamodule
     dm.setup("fit")
     first = dm.on_before_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert first["document_ids"].max() > 0 and first["decoder_document_ids"].max() > 0
@@ -192,7 +192,7 @@ def test_sparse_targets_get_target_positions_before_transfer(tmp_path, tiny_worl
     training gradient is checked against the all-positions one above); causal LM targets are dense."""
     run, resolved = config.load(tiny_recipe(tmp_path, tiny_world, kind))
     parts = prepare_run(run, resolved)
-    dm, module = parts["datamodule"], parts["module"]
+    dm, module = parts.datamodule, parts.module
     dm.setup("fit")
     batch = dm.on_before_batch_transfer(next(iter(dm.train_dataloader())), 0)
     inputs, labels = module._split(batch)
@@ -227,7 +227,7 @@ def test_logged_metrics(tmp_path, tiny_world):
     run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
     trainer = build_trainer(run, resolved)
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
     rows = read_metrics(tmp_path / "run")
     loss = metric_by_step(rows, "train/loss")
     assert sorted(loss) == list(range(1, 7))  # the k-th optimizer step at step k
@@ -246,17 +246,15 @@ def test_logged_metrics(tmp_path, tiny_world):
     mfu = metric_by_step(rows, "train/mfu")
     flops = metric_by_step(rows, "train/flops_per_sec_per_device")
     assert mfu and all(mfu[s] == pytest.approx(flops[s] / 1e12) for s in mfu)
-    model = parts["module"].model
-    assert parts["module"].flops_per_batch == pytest.approx(
-        model.flops_per_token(32) * 32 * 4 / 3
-    )  # last: val
+    model = parts.module.model
+    assert parts.module.flops_per_batch == pytest.approx(model.flops_per_token(32) * 32 * 4 / 3)  # last: val
 
 
 def test_no_mfu_on_cpu_without_a_peak(tmp_path, tiny_world):
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer={"max_steps": 4, "throughput_window": 2})
     run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
-    build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
+    build_trainer(run, resolved).fit(parts.module, datamodule=parts.datamodule)
     rows = read_metrics(tmp_path / "run")
     assert metric_by_step(rows, "train/tokens_per_sec_per_device")  # tokens/s is there
     assert not metric_by_step(rows, "train/mfu")
@@ -277,7 +275,7 @@ def test_reduced_precisions_train(tmp_path, tiny_world, precision):
         )
         run, resolved = config.load(recipe)
         parts = prepare_run(run, resolved)
-        build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
+        build_trainer(run, resolved).fit(parts.module, datamodule=parts.datamodule)
         losses[name] = metric_by_step(read_metrics(tmp_path / name / "run"), "train/loss")
     reference, reduced = losses["32-true"], losses[precision]
     assert len(reduced) == 3 and reduced.keys() == reference.keys()
@@ -306,13 +304,13 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_world)
     )
     run, resolved = config.load(recipe)
     parts = prepare_run(run, resolved)
-    blocks = parts["module"].model.fsdp_units()
+    blocks = parts.module.model.fsdp_units()
     calls = []  # training-mode block forwards: each block runs again in the backward pass when recomputed
     for block in blocks:  # (module forward hooks do not fire on checkpoint's recomputation: count in forward)
         block.forward = counted(block, block.forward, calls)
     capture = CaptureGrads()
     build_trainer(run, resolved, callbacks=[capture], loggers=[]).fit(
-        parts["module"], datamodule=parts["datamodule"]
+        parts.module, datamodule=parts.datamodule
     )
     assert len(calls) == 2 * len(blocks)  # one step of one micro-batch: forward + recomputation
     for name, grad in plain.items():
@@ -334,7 +332,7 @@ def test_compiled_training_matches_eager(tmp_path, tiny_world):
         run, resolved = config.load(recipe)
         parts = prepare_run(run, resolved)
         torch._dynamo.utils.counters.clear()
-        build_trainer(run, resolved).fit(parts["module"], datamodule=parts["datamodule"])
+        build_trainer(run, resolved).fit(parts.module, datamodule=parts.datamodule)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         assert (graphs > 0) is compiled, f"dynamo compiled {graphs} graphs (compile={compiled})"
         losses[compiled] = metric_by_step(read_metrics(tmp_path / str(compiled) / "run"), "train/loss")

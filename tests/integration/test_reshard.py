@@ -153,7 +153,7 @@ def test_convert_streams_the_bytes_of_todays_consolidation_and_merge_reads_every
     memory, then ``torch.save`` through ``AtomicCheckpointIO``. A merge over a file, a DCP and a DeepSpeed
     directory is the float32 weighted average of their weights, bitwise."""
     from pretrain.checkpoint.convert import consolidate, full_checkpoint, load_model
-    from pretrain.checkpoint.io import AtomicCheckpointIO
+    from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
     from pretrain.checkpoint.merge import merge
 
     for name in ("fsdp", "ddp"):

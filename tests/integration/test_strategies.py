@@ -20,7 +20,7 @@ from torch import nn
 from training_utils import REPO_ROOT, metric_by_step, read_metrics, run_ranks, tiny_recipe
 
 from pretrain import config
-from pretrain.checkpoint import AtomicCheckpointIO
+from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.compat.lightning import PerModuleSharding
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Block, Transformer

@@ -13,13 +13,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from pretrain import io as atomic
-from pretrain.checkpoint.convert import (
-    consolidate,
-    load_model,
-    optimizer_state_by_name,
-    optimizer_state_by_position,
-)
-from pretrain.checkpoint.io import METADATA, PAYLOAD, AtomicCheckpointIO, read
+from pretrain.checkpoint.convert import consolidate, load_model
+from pretrain.checkpoint.io import METADATA, PAYLOAD, read
+from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
+from pretrain.checkpoint.optimizer_state import optimizer_state_by_name, optimizer_state_by_position
 from pretrain.checkpoint.resume import check_compatible, checkpoint_step, find_resume, is_valid
 from pretrain.io import replace_path
 from pretrain.models.config import ModelConfig

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from pretrain import config
-from pretrain.checkpoint import AtomicCheckpointIO
+from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.training.callbacks.preemption import LastCheckpoint
 from pretrain.training.callbacks.throughput import PeakThroughputMonitor
 from pretrain.training.trainer import StepWandbLogger, build_loggers, build_trainer, wandb_mode

@@ -52,6 +52,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from pretrain.compat.optim import honours_found_inf
 from pretrain.config.run import GuardsConfig, HangGuardConfig
 from pretrain.training.callbacks.host_sync import DeferredRead, allowed
 from pretrain.training.step import ends_step
@@ -88,9 +89,7 @@ def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     own = getattr(optimizer, "skips_on_device", None)
     if own is not None:
         return bool(own)
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
-        optimizer.defaults.get("fused")
-    )
+    return honours_found_inf(optimizer) and bool(optimizer.defaults.get("fused"))
 
 
 class StepGuard(Callback):

@@ -24,6 +24,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any, Literal
 
 import torch
@@ -68,7 +69,7 @@ _COPIES = (Tensor.cpu, Tensor.numpy, Tensor.to)
 
 def _caller(skip_torch: bool = True) -> str | None:
     """file:line of the innermost frame outside this module (and outside torch); None for a torch frame."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
     while skip_torch and frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
@@ -158,7 +159,8 @@ class DeferredRead:
         else:
             self._host = value.to("cpu", non_blocking=True) if value.device.type != "cpu" else value.clone()
 
-    def read(self) -> list[Any]:
+    def read(self) -> Any:
+        """The value as ``Tensor.tolist`` gives it: a number for a (,) tensor, else a (nested) list."""
         if self._event is not None:
             self._event.synchronize()
         with allowed():
