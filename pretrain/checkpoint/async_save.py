@@ -37,6 +37,7 @@ from pretrain.checkpoint import dcp  # noqa: F401  (its warning filter for no_di
 from pretrain.checkpoint.io import METADATA, CheckpointWriteError
 from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.checkpoint.optimizer_state import dcp_state
+from pretrain.compat.dtensor import local_shard
 from pretrain.io import STORAGE_ERRNOS, replace_path
 
 TMP_SUFFIX = ".tmp"  # ``.<name>.<random>.tmp``: what ``remove_partial_saves`` deletes after a kill
@@ -76,7 +77,7 @@ HostCopies = Callable[[Future], Callable[[], dict[TensorKey, Tensor]] | None]
 def tensor_key(tensor: Tensor) -> TensorKey:
     """What identifies a tensor's data in place (its local shard's, for a DTensor): two tensor objects with the same
     key view the same memory the same way (a parameter and its ``state_dict`` entry, say)."""
-    local = getattr(tensor, "_local_tensor", tensor)
+    local = local_shard(tensor)
     return (
         type(tensor),
         local.device,

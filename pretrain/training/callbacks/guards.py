@@ -54,6 +54,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from pretrain.checkpoint.async_save import TensorKey, tensor_key
+from pretrain.compat.dtensor import local_shard
 from pretrain.compat.optim import honours_found_inf
 from pretrain.config.run import GuardsConfig, HangGuardConfig
 from pretrain.training.callbacks.host_sync import DeferredRead, allowed
@@ -86,7 +87,7 @@ def _host_buffers(obj: Any) -> Any:
     """``obj`` with every plain tensor replaced by host memory of its shape and dtype, paged in (zeros): what
     ``_cpu_copy`` copies it into later. DTensors (``None``) are copied into fresh memory."""
     if isinstance(obj, Tensor):
-        return None if hasattr(obj, "_local_tensor") else torch.zeros(obj.shape, dtype=obj.dtype)
+        return None if local_shard(obj) is not obj else torch.zeros(obj.shape, dtype=obj.dtype)
     if isinstance(obj, dict):
         return {k: _host_buffers(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
