@@ -7,7 +7,7 @@ the window is the ``--window`` steps after the save step (their wall time holds 
 and whatever the background write takes from it). Modes alternate within each of ``--rounds`` rounds; medians
 are reported, each mode against "none" of the same rounds, plus the save step alone.
 
-    python benchmarks/bench_async_save.py [--rounds 3] [--seq-len 256] [--save-at 4] [--window 4]
+    python benchmarks/bench_async_save.py [--rounds 3] [--seq-len 256] [--save-at 4] [--window 4] [--modes none,async]
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--save-at", type=int, default=4)
     parser.add_argument("--window", type=int, default=4)
+    parser.add_argument("--modes", default=",".join(MODES), help="modes to run (none always)")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "WORK", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -79,13 +80,14 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from step_timing import prepare_corpus
 
-    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    modes = ["none", *(m for m in args.modes.split(",") if m in MODES and m != "none")]
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         prepare_corpus(work)
         env = {**os.environ, "WANDB_MODE": "disabled"}
         for r in range(args.rounds):
-            order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
+            order = modes if r % 2 == 0 else modes[::-1]
             for mode in order:
                 out = work / f"{mode}-{r}.json"
                 command = [sys.executable, __file__, "--child", mode, str(work), str(out)]

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from pretrain.datamodules.special_tokens import special_token_id
 from pretrain.errors import InputError
@@ -89,13 +89,13 @@ def read_table(path: Path, header: bool = True) -> tuple[list[str], list[dict]]:
     if not lines:
         return [], []
     columns = lines[0] if header else [str(i) for i in range(len(lines[0]))]
-    for line_no, line in enumerate(lines[1:] if header else lines, 2 if header else 1):
-        if len(line) != len(columns):
+    for line_no, fields in enumerate(lines[1:] if header else lines, 2 if header else 1):
+        if len(fields) != len(columns):
             raise InputError(
-                f"{path} line {line_no}: {len(line)} {'comma' if comma else 'tab'}-separated fields, expected "
+                f"{path} line {line_no}: {len(fields)} {'comma' if comma else 'tab'}-separated fields, expected "
                 f"{len(columns)}"
             )
-        rows.append(dict(zip(columns, line, strict=True)))
+        rows.append(dict(zip(columns, fields, strict=True)))
     return columns, rows
 
 
@@ -147,7 +147,7 @@ class Padding(tuple):
     """``(example,)``: a stand-in for a position past the end of the data (``ShardSampler``)."""
 
 
-class PaddedExamples:
+class PaddedExamples(Dataset):
     """``examples`` read at any position; positions past the end give ``Padding`` of an example."""
 
     def __init__(self, examples: list):
@@ -180,8 +180,13 @@ class TrainOrder(Sampler[int]):
     (``DistributedSampler``, drop_last), from the ``start``-th on (``set_position``: resume mid-epoch)."""
 
     def __init__(self, size: int, rank: int, world_size: int, seed: int):
-        self.order = DistributedSampler(
-            range(size), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        self.order: DistributedSampler[int] = DistributedSampler(
+            range(size),  # type: ignore[arg-type]  # torch annotates a Dataset; the sampler reads its length only
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            seed=seed,
+            drop_last=True,
         )
         self.start = 0
 
@@ -206,6 +211,7 @@ class ReceivedBatchesLoader(DataLoader):
         self.position = position
 
     def __iter__(self) -> Any:
+        assert isinstance(self.sampler, TrainOrder)
         self.sampler.set_position(self.position.epoch, self.position.batches * self.batch_size)
         return super().__iter__()
 
@@ -220,6 +226,10 @@ class ShardedExamplesDataModule(L.LightningDataModule):
     ``on_after_batch_transfer`` (as ``pretrain.datamodules.pretrain.PretrainDataModule`` does). Subclasses set
     ``micro_batch_size``, ``num_workers``, ``seed``. Use with ``Trainer(use_distributed_sampler=False)``."""
 
+    micro_batch_size: int
+    num_workers: int
+    seed: int
+
     def __init__(self) -> None:
         super().__init__()
         self.epoch, self.batches = 0, 0
@@ -231,7 +241,7 @@ class ShardedExamplesDataModule(L.LightningDataModule):
 
     def sharded_loader(self, examples: list, shuffle: bool, collate: Any) -> DataLoader:
         rank, world = self._ranks()
-        options = {"batch_size": self.micro_batch_size, "num_workers": self.num_workers}
+        options: dict[str, Any] = {"batch_size": self.micro_batch_size, "num_workers": self.num_workers}
         if shuffle:
             order = TrainOrder(len(examples), rank, world, self.seed)
             self.epoch_batches = -(-len(order) // self.micro_batch_size)
@@ -352,12 +362,18 @@ class FinetuneDataModule(ShardedExamplesDataModule):
     ):
         super().__init__()
         self.unpadded = unpadded
-        if task is None and (text_columns is None or label_column is None):
+        if task is not None:
+            fmt = task_format(task)
+        elif text_columns is not None and label_column is not None:
+            fmt = TaskFormat(tuple(text_columns), label_column)
+        else:
             raise InputError(
                 f"give task= (one of {sorted(GLUE_TASKS)}) or both text_columns and label_column"
             )
-        fmt = task_format(task) if task is not None else TaskFormat(tuple(text_columns), label_column)
-        overrides = {"text_columns": text_columns and tuple(text_columns), "label_column": label_column}
+        overrides: dict[str, Any] = {
+            "text_columns": text_columns and tuple(text_columns),
+            "label_column": label_column,
+        }
         overrides |= {"regression": regression, "header": header}
         self.format = replace(fmt, **{k: v for k, v in overrides.items() if v is not None})
         if len(self.format.text_columns) not in (1, 2):

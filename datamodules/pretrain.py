@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,6 +54,15 @@ from pretrain.parallel.mesh import context_parallel_position, data_parallel_posi
 
 TRAIN, VAL = "train", "val"
 _STREAM_ID = {TRAIN: 0, VAL: 1}
+
+
+class Batches(Protocol):
+    """A sized iterable of batches: the training ``DataLoader``, or one in optimizer-step groups
+    (``pretrain.training.step.StepGroups``)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
 
 
 class Objective(Protocol):
@@ -352,7 +361,7 @@ class PretrainDataModule(L.LightningDataModule):
             **({} if position is None else {"position": position}),
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> Batches:
         """Each ``iter()`` starts at the next sample the training loop has not received (``epoch``,
         ``consumed_samples``)."""
         train = self._train()

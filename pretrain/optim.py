@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,9 @@ from pretrain.compat.muon import newton_schulz_dtype, resolve
 from pretrain.compat.optim import honours_found_inf
 from pretrain.config import OptimConfig
 from pretrain.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -53,7 +56,7 @@ def param_groups(
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     }
     hidden = {id(p) for p in hidden_matrices(model)} if muon or width_mult != 1.0 else set()
-    groups = {name: [] for name in ("muon", "hidden", "decay", "no_decay")}
+    groups: dict[str, list[nn.Parameter]] = {name: [] for name in ("muon", "hidden", "decay", "no_decay")}
     seen: set[int] = set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
@@ -169,11 +172,11 @@ class MuonWithAdamW(torch.optim.Optimizer):
             self.adamw.step()
             return loss
         self.muon.step(skip=skip)
-        self.adamw.found_inf = skip  # read by the fused kernel
+        self.adamw.found_inf = skip  # type: ignore[attr-defined]  # read by the fused kernel (GradScaler's way)
         try:
             self.adamw.step()
         finally:
-            del self.adamw.found_inf
+            del self.adamw.found_inf  # type: ignore[attr-defined]
         return loss
 
 
@@ -252,7 +255,7 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's values of ``t`` (its shard, for a ``DTensor``), writable in place."""
-    return t.to_local() if _is_dtensor(t) else t
+    return cast("DTensor", t).to_local() if _is_dtensor(t) else t
 
 
 def build_optimizer(
@@ -262,7 +265,7 @@ def build_optimizer(
     cpu_offload: bool = False,
     amp: bool = False,
     width_mult: float = 1.0,
-    extra_groups: list[dict[str, Any]] = (),
+    extra_groups: Sequence[dict[str, Any]] = (),
 ) -> torch.optim.Optimizer:
     """AdamW (fused) over :func:`param_groups`, or :class:`MuonWithAdamW` for ``cfg.name == "muon"``; DeepSpeed's
     CPU Adam when ZeRO offloads the optimizer to the CPU. ``width_mult``: muP's m (``ModelConfig.width_mult``).
@@ -277,7 +280,7 @@ def build_optimizer(
         else:
             g["lr"] = cfg.lr * g["lr_mult"]
     groups = [g for g in [*groups, *extra_groups] if g["params"]]
-    kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
+    kwargs: dict[str, Any] = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
     if cpu_offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 

@@ -19,13 +19,19 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from pretrain.models.attention import ChunkCausal
+from pretrain.models import attention
+from pretrain.models.attention import BlockMasked, ChunkCausal
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
 from pretrain.objectives.loss import IGNORE_INDEX, token_cross_entropy
 from pretrain.parallel.context import SequenceShard, apply_context_parallel, chunk_positions
 
 V, T = 96, 32
+SMALL_BLOCKS = (
+    "gpt-documents-window",
+    "prefix-lm",
+    "bert",
+)  # run again with BlockMasked's blocks of 3 queries
 
 
 def tokens(shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -53,6 +59,8 @@ def cases() -> dict[str, tuple[ModelConfig, dict[str, torch.Tensor]]]:
             ModelConfig(**small, position="rope", n_kv_head=2, norm="rmsnorm", norm_bias=False),
             {"input_ids": ids, "labels": labels},
         ),
+        # the default GPT recipe's mask: causal within packed documents (BlockMasked)
+        "gpt-documents": (ModelConfig(**small), {"input_ids": ids, "labels": labels, "document_ids": docs}),
         # Llama-style: RoPE at document positions, GQA, packed-document mask, sliding window, global-token-free
         "gpt-documents-window": (
             ModelConfig(
@@ -154,7 +162,11 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-def check(config: ModelConfig, batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, float]:
+def check(
+    config: ModelConfig, batch: dict[str, torch.Tensor], rank: int, world: int, small_blocks: bool = False
+) -> dict[str, float]:
+    """``small_blocks``: BlockMasked cuts each chunk of 8 queries into blocks of 3, 3 and 2, each reading only
+    the key range it can reach."""
     torch.manual_seed(0)
     reference = Transformer(config)
     model = copy.deepcopy(reference)
@@ -162,7 +174,13 @@ def check(config: ModelConfig, batch: dict[str, torch.Tensor], rank: int, world:
     loss.backward()
     apply_context_parallel(model, dist.group.WORLD)
     local = sparse_targets(SequenceShard(rank, world)(batch))
-    with mock.patch.object(ChunkCausal, "apply", wraps=ChunkCausal.apply) as chunked:
+    sizes = {"BLOCK_ELEMENTS": 1 if small_blocks else attention.BLOCK_ELEMENTS}
+    sizes["MIN_BLOCK_QUERIES"] = 3 if small_blocks else attention.MIN_BLOCK_QUERIES
+    with (
+        mock.patch.object(ChunkCausal, "apply", wraps=ChunkCausal.apply) as chunked,
+        mock.patch.object(BlockMasked, "apply", wraps=BlockMasked.apply) as blocked,
+        mock.patch.multiple(attention, **sizes),
+    ):
         local_logits, local_loss = loss_of(model, local)
         local_loss.backward()
     calls = chunked.call_count
@@ -201,6 +219,7 @@ def check(config: ModelConfig, batch: dict[str, torch.Tensor], rank: int, world:
         "worst_grad": max(grads, key=grads.get),
         "missing_grads": sum(p.grad is None for p in reference.parameters()),
         "mask_free_calls": calls,  # attention calls of ChunkCausal (no (T/N x T) mask)
+        "block_calls": blocked.call_count,  # attention calls of BlockMasked (a block's mask at a time)
     }
 
 
@@ -209,6 +228,8 @@ def main(out: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     results = {name: check(cfg, batch, rank, world) for name, (cfg, batch) in cases().items()}
+    for name in SMALL_BLOCKS:
+        results[f"{name}-small-blocks"] = check(*cases()[name], rank, world, small_blocks=True)
     Path(out, f"rank{rank}.json").write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
 

@@ -418,13 +418,14 @@ def record_sample_indices() -> tuple:
     )
 
 
-def samples_by_step(run_dir: Path) -> dict[int, list[int]]:
+def samples_by_step(run_dir: Path, files: str | None = None) -> dict[int, list[int]]:
     """``{global step: sorted sample indices read in it, all ranks and micro-batches}`` from the files
-    :func:`record_sample_indices` writes (every launch of the run)."""
+    :func:`record_sample_indices` writes (every launch of the run); ``files``: a glob of the ranks' files to read
+    (one per data-parallel rank, under tensor parallelism)."""
     import json
 
     steps: dict[int, list[int]] = {}
-    for path in sorted(run_dir.glob("samples.rank*.jsonl")):
+    for path in sorted(run_dir.glob(files or "samples.rank*.jsonl")):
         for line in path.read_text().splitlines():
             step, indices = json.loads(line)
             steps.setdefault(step, []).extend(indices)

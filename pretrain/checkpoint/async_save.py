@@ -3,7 +3,9 @@
 The training thread only starts a save and returns to training: a staging thread copies the state into host
 buffers that are kept from one save to the next (``torch.distributed.checkpoint``'s ``DefaultStager``) while
 the next step's forward and backward pass run, and that step's update waits for the copy (a step pre-hook on
-the optimizers: until then nothing the checkpoint holds changes). A writer thread of the lowest CPU priority
+the optimizers: until then nothing the checkpoint holds changes). The state is copied once per save: where a
+host copy of this very state is being made anyway (``host_copies``: the guards' snapshot taken at every
+checkpoint), its copies are written and only the tensors it lacks are staged. A writer thread of the lowest CPU priority
 then writes the copy as a torch.distributed.checkpoint directory (every rank its shards, a replicated tensor
 once) with DCP's ``save``, on a gloo process group of its own (the training collectives keep theirs). Once
 every rank's files and DCP's ``.metadata`` are written (DCP's save gathers the ranks' write results on rank 0
@@ -29,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from pretrain.checkpoint import dcp  # noqa: F401  (its warning filter for no_dist saves)
 from pretrain.checkpoint.io import METADATA, CheckpointWriteError
 from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.checkpoint.optimizer_state import dcp_state
+from pretrain.compat.dtensor import local_shard
 from pretrain.io import STORAGE_ERRNOS, replace_path
 
 TMP_SUFFIX = ".tmp"  # ``.<name>.<random>.tmp``: what ``remove_partial_saves`` deletes after a kill
@@ -64,6 +68,28 @@ def host_copy(obj: Any) -> Any:
     return obj
 
 
+TensorKey = tuple[Any, ...]
+# ``host_copies(release)``: a function giving host copies of the state being saved (``tensor_key`` of a live tensor
+# -> its copy; blocking until they are made), whose memory stays untouched until ``release`` is done; or None
+HostCopies = Callable[[Future], Callable[[], dict[TensorKey, Tensor]] | None]
+
+
+def tensor_key(tensor: Tensor) -> TensorKey:
+    """What identifies a tensor's data in place (its local shard's, for a DTensor): two tensor objects with the same
+    key view the same memory the same way (a parameter and its ``state_dict`` entry, say)."""
+    local = local_shard(tensor)
+    return (
+        type(tensor),
+        local.device,
+        local.untyped_storage().data_ptr(),
+        local.storage_offset(),
+        tuple(local.shape),
+        tuple(local.stride()),
+        local.dtype,
+        tuple(tensor.shape),
+    )
+
+
 def lower_thread_priority() -> None:
     """Run the calling thread at the lowest CPU priority (nice 19; Linux schedules each thread by its own nice
     value): the background write takes only CPU time the training threads leave."""
@@ -79,9 +105,12 @@ class AsyncCheckpointWriter:
     A save costs the training thread a few dictionary look-ups: the copy into the host buffers runs in a
     staging thread while the next step's forward and backward pass run (they only read the state), and the
     next update waits for it (a step pre-hook on ``optimizers``: nothing the checkpoint holds changes before
-    then). The write then runs in a thread of the lowest priority, the step's threads first."""
+    then). The write then runs in a thread of the lowest priority, the step's threads first. ``host_copies`` (set
+    by ``build_trainer``: the guards' snapshot) gives copies of the state made anyway, written instead of a second
+    copy."""
 
     def __init__(self) -> None:
+        self.host_copies: HostCopies | None = None
         self._stager: Any = None
         self._group: Any = None
         self._pending: Future | None = None
@@ -111,7 +140,6 @@ class AsyncCheckpointWriter:
         ``optimizers`` (or ``wait_staged``) waits until ``tensors`` are copied to host buffers; without
         ``optimizers``, they are copied before this returns."""
         import torch.distributed as dist
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         self.wait()
         token = [secrets.token_hex(4)]
@@ -123,18 +151,65 @@ class AsyncCheckpointWriter:
             rank0 = dist.get_rank() == 0
         path = Path(path)
         tmp = staging_path(path, token[0])
-        if self._stager is None:  # host buffers reused by every save (no pinned or shared memory on the CPU)
-            self._stager = DefaultStager(StagingOptions(False, False, False, False))
         for optimizer in optimizers:
             if id(optimizer) not in self._hooked:
                 self._hooked.add(id(optimizer))
                 optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
-        self._staged = self._staging.submit(self._stager.stage, tensors)
+        written: Future = Future()  # done once the write no longer reads the staged tensors
+        copies = self.host_copies(written) if self.host_copies is not None else None
+        self._staged = self._staging.submit(self._stage, tensors, copies)
         self._pending = self._writing.submit(
-            self._write, self._staged, self._group, distributed, host_copy(meta) if rank0 else None, tmp, path
+            self._write,
+            self._staged,
+            self._group,
+            distributed,
+            host_copy(meta) if rank0 else None,
+            tmp,
+            path,
+            written,
         )
         if not optimizers:
             self.wait_staged()
+
+    def _stage(self, tensors: dict[str, Any], copies: Callable[[], dict[TensorKey, Tensor]] | None) -> Any:
+        """Staging thread: ``tensors`` with every tensor replaced by a host copy -- ``copies``' where it has one
+        (of the same kind: a DTensor's copy is a DTensor), the others copied into the stager's buffers (kept from
+        one save to the next)."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        made = copies() if copies is not None else {}
+        rest: list[Tensor] = []
+
+        def substitute(obj: Any) -> Any:
+            if isinstance(obj, Tensor):
+                copy = made.get(tensor_key(obj))
+                if copy is not None and type(copy) is type(obj):
+                    return copy
+                rest.append(obj)
+                return _Rest(len(rest) - 1)
+            if isinstance(obj, dict):
+                return {k: substitute(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(substitute(v) for v in obj)
+            return obj
+
+        staged = substitute(tensors)
+        if not rest:
+            return staged
+        if self._stager is None:  # host buffers reused by every save (no pinned or shared memory on the CPU)
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        filled = self._stager.stage(rest)
+
+        def fill(obj: Any) -> Any:
+            if isinstance(obj, _Rest):
+                return filled[obj.index]
+            if isinstance(obj, dict):
+                return {k: fill(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(fill(v) for v in obj)
+            return obj
+
+        return fill(staged)
 
     def wait_staged(self) -> None:
         """Block until the state of the last save is copied to host buffers (its errors come from ``wait``)."""
@@ -151,15 +226,16 @@ class AsyncCheckpointWriter:
         meta: dict[str, Any] | None,
         tmp: Path,
         path: Path,
+        written: Future,
     ) -> None:
         """Background, once the copy is staged: every rank writes its files (DCP's save gathers the ranks'
         write results before rank 0 writes ``.metadata``), then rank 0 (which holds ``meta``) puts the
-        directory in place."""
+        directory in place. ``written`` is set once the staged tensors are no longer read."""
         from torch.distributed.checkpoint import FileSystemWriter, save
 
-        state = staged.result()
         upload: Future = Future()
         try:
+            state = staged.result()
             save(
                 state,
                 storage_writer=FileSystemWriter(tmp, sync_files=True),
@@ -169,6 +245,8 @@ class AsyncCheckpointWriter:
             upload.set_result(None)
         except BaseException as err:  # noqa: BLE001 - re-raised by _finish
             upload.set_exception(err)
+        finally:
+            written.set_result(None)
         cls._finish(upload, meta, tmp, path)
 
     @staticmethod
@@ -214,6 +292,13 @@ class AsyncCheckpointWriter:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
+
+
+class _Rest:
+    """A place in a staged state dict for the ``index``-th tensor the stager copies."""
+
+    def __init__(self, index: int):
+        self.index = index
 
 
 class AsyncCheckpointIO(AtomicCheckpointIO):

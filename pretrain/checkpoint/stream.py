@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import mmap
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -119,6 +120,18 @@ def _file_source(path: Path) -> Source:
     return Source(meta, tensors, lambda key: dcp.get_path(tensors, dcp.flatten(tensors)[key]), set())
 
 
+def unpooled(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in a memory mapping of its own, given back to the OS as soon as the tensor is freed.
+    (``torch.empty`` takes it from malloc, which keeps freed blocks below its mmap threshold -- up to 32 MiB, raised
+    by every such block freed -- in its heap: tensors of varied sizes read one after another fragmented it, and a
+    conversion's resident memory grew with every layer.)"""
+    numel = int(torch.Size(shape).numel())
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)
+
+
 def _dcp_source(path: Path, make: Placeholder) -> Source:
     md = dcp.metadata(path)
     tensors = {k: v for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
@@ -130,7 +143,7 @@ def _dcp_source(path: Path, make: Placeholder) -> Source:
 
     def load(key: str) -> torch.Tensor:
         item = tensors[key]  # a placeholder's: a tensor
-        out = torch.empty(item.size, dtype=item.properties.dtype)
+        out = unpooled(item.size, item.properties.dtype)
         return out if read_chunks_into(path, md, key, out) else dcp.read_flat(path, [key], md)[key]
 
     return Source(read(path / METADATA), dcp.unflatten(flat, md), load, set(tensors))
@@ -213,8 +226,9 @@ def _step(path: Path, zero: Path) -> float:
 
 
 def _universal(file: Path, shape: torch.Size) -> torch.Tensor:
-    """A tensor ``ds_to_universal`` wrote: ``{"param": tensor}`` (ZeRO-1/2) or a flat tensor (ZeRO-3)."""
-    value = torch.load(file, weights_only=True)
+    """A tensor ``ds_to_universal`` wrote: ``{"param": tensor}`` (ZeRO-1/2) or a flat tensor (ZeRO-3), memory-mapped
+    (its pages read as they are written out, unmapped with the tensor)."""
+    value = torch.load(file, weights_only=True, mmap=True)
     return (value["param"] if isinstance(value, dict) else value).reshape(shape)
 
 

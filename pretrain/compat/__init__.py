@@ -11,6 +11,7 @@ they were tested with.
 - ``compile``: torch.compile's counters and dynamic-shape marks
 - ``torch_save``: ``torch.save``'s private writer and DCP's chunk layout
 - ``collectives``: torch.distributed's functional all-gather and ``DeviceMesh._flatten``
+- ``attention``: CPU SDPA's flash kernel and its backward (log-sum-exp in and out)
 
 ``warn_if_untested`` (called once when a Trainer is built) names every installed package of ``TESTED_WITH`` at
 another release: the internals above may have changed there. This module imports nothing heavy.

@@ -89,7 +89,7 @@ def import_torchmetrics_lean(hidden: tuple[str, ...] = TORCHMETRICS_EXTRAS) -> N
 
     hook = _AfterExec("torchmetrics.utilities.imports", hide_flags)
     sys.meta_path.insert(0, hook)
-    sys.modules.update(dict.fromkeys(blocked))
+    sys.modules.update(dict.fromkeys(blocked))  # type: ignore[arg-type]  # None blocks an import (Python's way)
     try:
         import torchmetrics
 
@@ -210,7 +210,8 @@ def local_parts(strategy: Strategy, module: nn.Module) -> dict[str, torch.Tensor
     """The part of each trainable parameter this rank holds, writable in place: the whole parameter (one device,
     DDP, ZeRO-1/2), a DTensor's local shard (FSDP2), a ZeRO-3 parameter's partition (its ``ds_tensor``)."""
     out = {}
-    for name, param in module.named_parameters():
+    params: dict[str, Any] = dict(module.named_parameters())  # DeepSpeed's / DTensor's attributes read below
+    for name, param in params.items():
         if not param.requires_grad:
             continue
         if hasattr(param, "ds_tensor"):
@@ -222,7 +223,7 @@ def local_parts(strategy: Strategy, module: nn.Module) -> dict[str, torch.Tensor
     return out
 
 
-def local_part_of(strategy: Strategy, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def local_part_of(strategy: Any, param: Any, value: Any) -> torch.Tensor:
     """This rank's part (as :func:`local_parts` holds it) of ``value``: a whole tensor, a DTensor, or already the
     part (a ZeRO-3 partition restored by the same layout); no communication."""
     if hasattr(value, "to_local"):
@@ -248,7 +249,7 @@ def savable_parts(
     """``(checkpoint key, value)`` of this rank's ``parts`` of per-parameter tensors for this strategy's
     checkpoint: DTensors for FSDP2's sharded checkpoints (whole tensors, gathered, for its ``full`` one), ZeRO-3
     partitions with the parameters' shapes, whole tensors otherwise."""
-    params = dict(module.named_parameters())
+    params: dict[str, Any] = dict(module.named_parameters())  # DeepSpeed's / DTensor's attributes read below
     if any(hasattr(p, "ds_tensor") for p in params.values()):
         shapes = {name: list(params[name].ds_shape) for name in parts}
         return EMA_PARTITIONS, {"parts": parts, "shapes": shapes}
@@ -364,7 +365,7 @@ class DeepSpeedAnyDevice(DeepSpeedStrategy):
 
         from pretrain.checkpoint.reshard import named_checkpoint
 
-        module = self.lightning_module
+        module: Any = self.lightning_module  # the run's module (its optimizer_param_names, when it has them)
         group_names = module.optimizer_param_names() if hasattr(module, "optimizer_param_names") else []
         checkpoint = named_checkpoint(path, group_names)
         weights, optimizer = checkpoint.pop("state_dict"), checkpoint.pop("optimizer_0", None)
@@ -416,6 +417,16 @@ class PerModuleSharding(ModelParallelStrategy):
         self.parallelize, self.dims = parallelize, dims
         self.run_mesh: RunMesh | None = None
 
+    def _connected_module(self) -> Any:
+        """The LightningModule, once the Trainer has connected it."""
+        assert self.lightning_module is not None, "connected by the Trainer before any checkpoint"
+        return self.lightning_module
+
+    def _set_up_model(self) -> nn.Module:
+        """The (parallelised) model, once the strategy has set it up."""
+        assert self.model is not None, "set up before any checkpoint"
+        return self.model
+
     def setup_environment(self) -> None:
         """The process group (``ModelParallelStrategy``'s), then the run's mesh in place of Lightning's."""
         self._setup_distributed()
@@ -457,7 +468,7 @@ class PerModuleSharding(ModelParallelStrategy):
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         from pretrain.checkpoint.optimizer_state import dcp_state
 
-        tensors = dcp_state(checkpoint, self.optimizers, self.lightning_module)
+        tensors = dcp_state(checkpoint, self.optimizers, self._connected_module())
         if self.async_writer is not None:
             self.async_writer.save(
                 tensors,
@@ -495,19 +506,20 @@ class PerModuleSharding(ModelParallelStrategy):
         from pretrain.checkpoint import dcp
         from pretrain.checkpoint.io import METADATA, read
 
-        state = {"state_dict": get_model_state_dict(self.model)}
+        model = self._set_up_model()
+        state: dict[str, Any] = {"state_dict": get_model_state_dict(model)}
         dcp.load(state, path, no_dist=False)
-        strict = StateDictOptions(strict=self.lightning_module.strict_loading)
-        set_model_state_dict(self.model, state["state_dict"], options=strict)
+        strict = StateDictOptions(strict=self._connected_module().strict_loading)
+        set_model_state_dict(model, state["state_dict"], options=strict)
         for i, optimizer in enumerate(optimizers):
             key = f"optimizer_{i}"
-            state = {key: get_optimizer_state_dict(self.model, optimizer)}
+            state = {key: get_optimizer_state_dict(model, optimizer)}
             dcp.load(state, path, no_dist=False)
-            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state[key])
+            set_optimizer_state_dict(model, optimizer, optim_state_dict=state[key])
         checkpoint = read(path / METADATA)
         if any(k.startswith(f"{EMA_KEY}.") for k in dcp.metadata(path).state_dict_metadata):
             averages = {
-                EMA_KEY: {n: torch.zeros_like(p) for n, p in self.lightning_module.named_parameters()}
+                EMA_KEY: {n: torch.zeros_like(p) for n, p in self._connected_module().named_parameters()}
             }
             dcp.load(averages, path, no_dist=False)  # the EMA's shards of this mesh
             checkpoint[EMA_KEY] = averages[EMA_KEY]
@@ -530,10 +542,11 @@ class PerModuleSharding(ModelParallelStrategy):
         from pretrain.checkpoint.optimizer_state import optimizer_state_by_name
 
         checkpoint = read(path)
-        full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
-        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=full)
+        model = self._set_up_model()
+        full = StateDictOptions(full_state_dict=True, strict=self._connected_module().strict_loading)
+        set_model_state_dict(model, checkpoint.pop("state_dict"), options=full)
         states = [] if fresh else checkpoint.pop("optimizer_states", [])
         for optimizer, state in zip(self.optimizers, states if self.optimizers else []):
-            by_name = optimizer_state_by_name(state, optimizer, self.model)
-            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=by_name, options=full)
+            by_name = optimizer_state_by_name(state, optimizer, model)
+            set_optimizer_state_dict(model, optimizer, optim_state_dict=by_name, options=full)
         return checkpoint

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pretrain.errors import InputError
 from pretrain.io import atomic_write_text
@@ -247,7 +247,7 @@ def log_to_wandb(results: dict[str, Any], run: Any, step: int | None = None) -> 
     try:
         import wandb
 
-        columns = ["task", "type", "shots", "n", "seed", "metric", "value", "stderr"]
+        columns: list[str | int] = ["task", "type", "shots", "n", "seed", "metric", "value", "stderr"]
         table = wandb.Table(columns=columns)
         for name, res in results["results"].items():
             for metric, value in res["metrics"].items():
@@ -276,6 +276,7 @@ def run_evaluation(config: EvalConfig, tasks: list[TaskConfig] | None = None) ->
 
     tasks = load_tasks(config) if tasks is None else tasks
     device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
+    assert config.checkpoint is not None  # load_config requires one
     scorer = load_scorer(
         config.checkpoint,
         config.tokenizer,
@@ -300,7 +301,7 @@ def run_evaluation(config: EvalConfig, tasks: list[TaskConfig] | None = None) ->
     if config.wandb_project or config.wandb_run_id:
         import wandb
 
-        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        mode: Literal["online", "offline"] = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         run = wandb.init(
             project=config.wandb_project or "pretrain",
             id=config.wandb_run_id,

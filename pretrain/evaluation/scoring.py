@@ -246,20 +246,28 @@ class LMScorer:
             chunks[-1].append(j)
         return chunks
 
+    @staticmethod
+    def _required(token_id: int | None) -> int:
+        """A special-token id ``__post_init__`` requires of this architecture."""
+        assert token_id is not None, "checked by LMScorer.__post_init__"
+        return token_id
+
     @torch.no_grad()
     def _score_packed(self, batch: list[Request]) -> list[tuple[float, bool]]:
         """``_score_batch`` on rows packed without padding (module docstring)."""
         from pretrain.datamodules.unpadded import first_and_last, first_fit, pack
 
+        packed_logits_fn = self.packed_logits_fn
+        assert packed_logits_fn is not None  # what chose this path
         conts = [cont for _, cont in batch]
         if self.seq2seq:
             encoder = [ctx[-self.max_length :] for ctx, _ in batch]
-            decoder = [[self.decoder_start_token_id] + cont[:-1] for cont in conts]
+            decoder = [[self._required(self.decoder_start_token_id)] + cont[:-1] for cont in conts]
             widths = [max(map(len, encoder)), max(map(len, decoder))]
             rows = first_fit([[len(e), len(d)] for e, d in zip(encoder, decoder, strict=True)], widths)
             enc = pack(encoder, rows, widths[0], self.pad_token_id)
             dec = pack(decoder, rows, widths[1], self.pad_token_id)
-            logits = self.packed_logits_fn(
+            logits = packed_logits_fn(
                 *(t.to(self.device) for t in (enc["tokens"], enc["document_ids"], enc["position_ids"])),
                 *(t.to(self.device) for t in (dec["tokens"], dec["document_ids"], dec["position_ids"])),
             )
@@ -269,7 +277,7 @@ class LMScorer:
             seqs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for ctx, cont in batch]
             rows = first_fit([[len(s)] for s in seqs], [max(map(len, seqs))])
             packed = pack(seqs, rows, max(map(len, seqs)), self.pad_token_id)
-            logits = self.packed_logits_fn(
+            logits = packed_logits_fn(
                 *(
                     t.to(self.device)
                     for t in (packed["tokens"], packed["document_ids"], packed["position_ids"])
@@ -304,7 +312,7 @@ class LMScorer:
         conts = [cont for _, cont in batch]
         if self.seq2seq:
             enc, enc_mask, _ = self._pad([ctx[-self.max_length :] for ctx, _ in batch], self.padding_side)
-            dec_rows = [[self.decoder_start_token_id] + cont[:-1] for cont in conts]
+            dec_rows = [[self._required(self.decoder_start_token_id)] + cont[:-1] for cont in conts]
             dec, dec_mask, _ = self._pad(dec_rows, "right")  # causal decoder: right padding is inert
             logits = self.logits_fn(enc, enc_mask, dec, dec_mask)  # (B, T, V)
             spans = [(0, len(cont)) for cont in conts]
@@ -330,10 +338,12 @@ class LMScorer:
         sequence with that position masked."""
         rows: list[tuple[int, int, list[int]]] = []  # (request, masked position, sequence)
         for r, (ctx, cont) in enumerate(requests):
-            seq = [self.cls_token_id] + (ctx + cont)[-(self.max_length - 2) :] + [self.sep_token_id]
+            cls, sep = self._required(self.cls_token_id), self._required(self.sep_token_id)
+            seq = [cls] + (ctx + cont)[-(self.max_length - 2) :] + [sep]
             rows += [(r, len(seq) - 1 - len(cont) + i, seq) for i in range(len(cont))]
         rows = [rows[i] for i in sorted(range(len(rows)), key=lambda i: -len(rows[i][2]))]
-        return rows, [seq[:pos] + [self.mask_token_id] + seq[pos + 1 :] for _, pos, seq in rows]
+        mask = self._required(self.mask_token_id)
+        return rows, [seq[:pos] + [mask] + seq[pos + 1 :] for _, pos, seq in rows]
 
     @torch.no_grad()
     def _pseudo_loglikelihood(self, requests: Sequence[Request]) -> list[tuple[float, bool]]:
@@ -427,7 +437,10 @@ class LMScorer:
         """``DecodeFn`` from ``logits_fn`` alone: re-reads the whole sequence at every step (no KV cache)."""
         if self.seq2seq:
             dec = torch.full(
-                (ids.shape[0], 1), self.decoder_start_token_id, dtype=torch.long, device=self.device
+                (ids.shape[0], 1),
+                self._required(self.decoder_start_token_id),
+                dtype=torch.long,
+                device=self.device,
             )
             while True:
                 new = yield self.logits_fn(ids, mask, dec, torch.ones_like(dec))[:, -1]

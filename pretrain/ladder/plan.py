@@ -264,7 +264,7 @@ def cell_config(plan: Plan, cell: Cell, raw: dict[str, Any], ladder: LadderConfi
     return body
 
 
-def write_plan(plan: Plan, recipe: str | os.PathLike, overrides: list[str]) -> None:
+def write_plan(plan: Plan, recipe: str | Path, overrides: list[str]) -> None:
     """``DIR/plan.json`` and each cell's ``recipe.yaml``; a directory holding another ladder is refused (its
     finished cells would not be this plan's)."""
     ladder, raw, _ = load_ladder(recipe, overrides)

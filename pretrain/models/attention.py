@@ -32,7 +32,11 @@ all-gathers them before the kernel); the per-token tensors read at p (document i
 A plain causal mask (no padding, documents, prefixes, sparse pattern, bias or attention dropout) needs no mask
 there: each of the rank's query chunks (``query_chunks``: C queries from position s) attends the keys before it
 with no mask and its own diagonal (C x C) block with ``is_causal``, two calls of CPU SDPA's flash kernel merged by
-their log-sum-exp (:class:`ChunkCausal`), so no (T/N x S) mask is made or kept for the backward.
+their log-sum-exp (:class:`ChunkCausal`), so no (T/N x S) mask is made or kept for the backward. Any other
+self-attention mask (packed documents, prefix LM, sliding window, sparse patterns, key padding, bidirectional)
+goes block by block (:class:`BlockMasked`): each block of a few hundred queries against the key range it can
+reach, with its slice of the mask made from the ``mask_mod`` for that call (and again in the backward), never
+the whole (T/N x S). T5's relative bias and attention dropout keep the dense mask.
 
 flex_attention has no backward on CPU (torch 2.13 raises NotImplementedError) and no dropout, and a compiled
 kernel recompiles for every new key length; so the flex backend computes through SDPA, on the dense mask of the
@@ -52,9 +56,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from pretrain.compat.attention import cpu_flash, cpu_flash_backward
 from pretrain.models.config import ModelConfig
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+# BlockMasked: a block has as many queries as make BLOCK_ELEMENTS elements of its mask (B x queries x keys), and
+# at least MIN_BLOCK_QUERIES
+BLOCK_ELEMENTS, MIN_BLOCK_QUERIES = 2**20, 16
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -222,15 +230,44 @@ class MaskInputs:
             plain and self.causal and not self.cross and not self.past_len and self.query_chunks is not None
         )
 
+    def query_blocks(self) -> list[tuple[int, int, int, int]]:
+        """Context parallelism (``query_chunks`` set): (first, end) local queries and (first, end) keys of each
+        block :class:`BlockMasked` computes. Each query chunk is cut into blocks of ``BLOCK_ELEMENTS`` / (B S)
+        queries (``MIN_BLOCK_QUERIES`` at least); a block reads keys up to its last position when causal (no
+        prefix), and within its positions' window under a sliding window that is the only sparse alternative."""
+        assert self.query_chunks is not None
+        size = self.query_len // len(self.query_chunks)
+        step = max(MIN_BLOCK_QUERIES, BLOCK_ELEMENTS // (self.batch * self.key_len))
+        pattern = self.pattern
+        window = 0
+        if pattern is not None and not (pattern.global_tokens or pattern.random_blocks):
+            window = 0 if self.global_ids is not None else pattern.window
+        causal_end = self.causal and self.prefix_lengths is None and self.prefix_keys is None
+        blocks = []
+        for i, start in enumerate(self.query_chunks):
+            for offset in range(0, size, step):
+                n = min(step, size - offset)
+                first, last = start + offset, start + offset + n - 1  # global positions
+                lo = max(0, first - window + 1) if window else 0
+                if causal_end:
+                    hi = last + 1
+                else:  # a causal window (p - k < w) passes every later key of a prefix
+                    hi = min(self.key_len, last + window) if window and not self.causal else self.key_len
+                blocks.append((i * size + offset, i * size + offset + n, lo, hi))
+        return blocks
+
+    def allowed(self, device: torch.device, queries: Tensor, keys: Tensor) -> Tensor:
+        """(B|1, 1, len(queries), len(keys)) bool: the mask_mod at these query indices (of this call) and keys."""
+        b = torch.arange(self.batch, device=device)[:, None, None, None]
+        zero = torch.zeros((), dtype=torch.long, device=device)
+        allowed = self.mask_mod(device)(b, zero, queries[:, None], keys[None, :])
+        shape = (len(queries), len(keys))
+        return allowed.expand(-1, 1, *shape) if allowed.dim() == 4 else allowed[None, None]
+
     def dense(self, device: torch.device) -> Tensor:
         """(B|1, 1, T, S) bool mask, the mask_mod evaluated on broadcast index grids."""
         arange = functools.partial(torch.arange, device=device)
-        b = arange(self.batch)[:, None, None, None]
-        q, k = arange(self.query_len)[:, None], arange(self.key_len)[None, :]
-        allowed = self.mask_mod(device)(b, torch.zeros((), dtype=torch.long, device=device), q, k)
-        return (
-            allowed.expand(-1, 1, self.query_len, self.key_len) if allowed.dim() == 4 else allowed[None, None]
-        )
+        return self.allowed(device, arange(self.query_len), arange(self.key_len))
 
 
 @functools.cache
@@ -267,17 +304,21 @@ class AttentionMask:
         self.score_mod = bias[1] if bias is not None and self.flex else None
         self.block_mask = self._block_mask(inputs, x.device, cache) if self.flex else None
         self.dense, self.is_causal = None, False
-        # context parallelism under a plain causal mask on the CPU: mask-free, chunk by chunk (ChunkCausal)
-        self.chunks = (
-            inputs.query_chunks
-            if not self.flex
+        # context parallelism's self-attention on the CPU: mask-free chunks under a plain causal mask
+        # (ChunkCausal), else block by block with each block's slice of the mask (BlockMasked)
+        split = (
+            not self.flex
             and bias is None
             and not dropout
             and x.device.type == "cpu"
-            and inputs.chunk_causal()
-            else None
+            and inputs.query_chunks is not None
+            and not inputs.cross
+            and not inputs.past_len
         )
-        if self.flex or self.chunks is not None:
+        self.chunks = inputs.query_chunks if split and inputs.chunk_causal() else None
+        self.blocks = inputs.query_blocks() if split and self.chunks is None else None
+        self.inputs = inputs
+        if self.flex or split:
             return
         if bias is not None:
             dense = bias[0]()
@@ -326,9 +367,11 @@ def attend(
     if mask is not None and mask.gather is not None:
         k, v = mask.gather(k), mask.gather(v)
     gqa = k.shape[1] != q.shape[1]
-    if mask is not None and mask.chunks is not None:
+    if mask is not None and (mask.chunks is not None or mask.blocks is not None):
         if gqa:  # the flash kernel's own call takes as many key/value heads as query heads
             k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        if mask.blocks is not None:
+            return BlockMasked.apply(q, k, v, mask.blocks, mask.inputs, scale)
         size = q.shape[2] // len(mask.chunks)
         return torch.cat(
             [ChunkCausal.apply(q[:, :, i * size : (i + 1) * size], k, v, start, scale)
@@ -361,14 +404,11 @@ class ChunkCausal(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, start: int, scale: float | None) -> Tensor:
-        kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         size = q.shape[2]
         blocks = [
             (lo, hi, causal) for lo, hi, causal in ((0, start, False), (start, start + size, True)) if hi > lo
         ]
-        parts = [
-            kernel(q, k[:, :, lo:hi], v[:, :, lo:hi], 0.0, causal, scale=scale) for lo, hi, causal in blocks
-        ]
+        parts = [cpu_flash(q, k[:, :, lo:hi], v[:, :, lo:hi], causal, scale) for lo, hi, causal in blocks]
         out, lse = parts[0]
         if len(parts) == 2:
             (o1, l1), (o2, l2) = parts
@@ -381,14 +421,74 @@ class ChunkCausal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         q, k, v, out, lse = ctx.saved_tensors
         grad = grad.contiguous()
         dq, dk, dv = None, torch.zeros_like(k), torch.zeros_like(v)
         for lo, hi, causal in ctx.blocks:
-            gq, gk, gv = kernel(
-                grad, q, k[:, :, lo:hi], v[:, :, lo:hi], out, lse, 0.0, causal, scale=ctx.scale
+            gq, gk, gv = cpu_flash_backward(
+                grad, q, k[:, :, lo:hi], v[:, :, lo:hi], out, lse, causal, ctx.scale
             )
             dq = gq if dq is None else dq + gq
             dk[:, :, lo:hi], dv[:, :, lo:hi] = gk, gv
         return dq, dk, dv, None, None
+
+
+class BlockMasked(torch.autograd.Function):
+    """Attention of a context-parallel rank's queries under any self-attention mask, block by block
+    (:meth:`MaskInputs.query_blocks`): each block of queries against the key range it can reach, one call of CPU
+    SDPA's flash kernel with that block's slice of the mask, additive in the queries' dtype, made from the
+    ``mask_mod`` for the call and dropped after it. The backward makes each block's slice again and runs the
+    kernel's backward per block (the query gradients of a block are its own; key and value gradients summed over
+    blocks). Kept for the backward: q, k, v, the output and the log-sum-exp, no (T/N x S) mask."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        blocks: list[tuple[int, int, int, int]],
+        inputs: MaskInputs,
+        scale: float | None,
+    ) -> Tensor:
+        outs, lses = [], []
+        for a, b, lo, hi in blocks:
+            mask = BlockMasked.mask(inputs, q, a, b, lo, hi)
+            out, lse = cpu_flash(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], False, scale, mask)
+            outs.append(out)
+            lses.append(lse)
+        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.blocks, ctx.inputs, ctx.scale = blocks, inputs, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for a, b, lo, hi in ctx.blocks:
+            mask = BlockMasked.mask(ctx.inputs, q, a, b, lo, hi)
+            gq, gk, gv = cpu_flash_backward(
+                grad[:, :, a:b].contiguous(),
+                q[:, :, a:b],
+                k[:, :, lo:hi],
+                v[:, :, lo:hi],
+                out[:, :, a:b].contiguous(),
+                lse[:, :, a:b].contiguous(),
+                False,
+                ctx.scale,
+                mask,
+            )
+            dq[:, :, a:b] = gq
+            dk[:, :, lo:hi] += gk
+            dv[:, :, lo:hi] += gv
+        return dq, dk, dv, None, None, None
+
+    @staticmethod
+    def mask(inputs: MaskInputs, q: Tensor, a: int, b: int, lo: int, hi: int) -> Tensor:
+        """(B|1, 1, b - a, hi - lo) additive mask of queries a..b-1 (of this call) against keys lo..hi-1."""
+        device = q.device
+        allowed = inputs.allowed(
+            device, torch.arange(a, b, device=device), torch.arange(lo, hi, device=device)
+        )
+        return torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, float("-inf"))

@@ -71,7 +71,7 @@ def _first(token_id: Any) -> int | None:
     return token_id[0] if isinstance(token_id, list | tuple) else token_id
 
 
-def _sizes(c: Any) -> dict[str, int]:
+def _sizes(c: Any) -> dict[str, Any]:
     """The sizes BERT, BigBird, Llama, Mistral and ModernBERT configs name alike."""
     return {
         "vocab_size": c.vocab_size,
@@ -372,7 +372,7 @@ def _t5_rules(cfg: ModelConfig) -> list[Rule]:
             [f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias"],
             False,
         )
-        for i in range(n_layer):
+        for i in range(n_layer or 0):  # an encoder-decoder's: both set
             ours, hf = f"{side}.blocks.{i}", f"{side}.block.{i}.layer"
             attn = f"{hf}.0.SelfAttention"
             rules += _norm(f"{ours}.norm1", f"{hf}.0.layer_norm", False)
@@ -698,7 +698,7 @@ def from_hf(hf_model: Any) -> Transformer:
     hf_state = hf_model.state_dict()
     model = Transformer(config)
     rows = {k: v.shape[0] for k, v in model.state_dict().items()}
-    state = {}
+    state: dict[str, torch.Tensor] = {}
     for ours, keys, transpose in family.rules(config):
         parts = torch.cat([hf_state[k].t() if transpose else hf_state[k] for k in keys])
         state.update(zip(ours, parts.split([rows[k] for k in ours]), strict=True))
@@ -719,6 +719,7 @@ def standard_equivalent(model: Transformer) -> Transformer:
     if cfg.parametrization == "standard":
         return model
     m, tied = cfg.width_mult, cfg.tie_embeddings and cfg.lm_head
+    into_norm: str | None
     if model.mlm_transform is not None:
         into_norm = "mlm_transform.norm"
     else:
@@ -742,12 +743,14 @@ def standard_equivalent(model: Transformer) -> Transformer:
             if key in state:
                 state[key] /= m
     if cfg.attn_scale == "default":
+        head_dim = cfg.head_dim
+        assert head_dim is not None  # resolved by ModelConfig
         for name, module in model.named_modules():
             if isinstance(module, Attention):
                 keys = [f"{name}.q_norm.weight"] if cfg.qk_norm else [f"{name}.q.weight", f"{name}.q.bias"]
                 for key in keys:
                     if key in state:
-                        state[key] *= cfg.mup_attn_multiplier * cfg.head_dim**-0.5
+                        state[key] *= cfg.mup_attn_multiplier * head_dim**-0.5
     folded.load_state_dict(state, strict=True)
     return folded.to(next(model.parameters()).dtype).train(model.training)
 
@@ -763,7 +766,8 @@ def with_zero_biases(model: Transformer) -> Transformer:
         absent.append("norm_bias")
     if not absent:
         return model
-    biased = Transformer(dataclasses.replace(cfg, **dict.fromkeys(absent, True)))
+    with_biases: dict[str, Any] = dict.fromkeys(absent, True)
+    biased = Transformer(dataclasses.replace(cfg, **with_biases))
     ours = model.state_dict()
     state = {}
     for key, tensor in biased.state_dict().items():
@@ -947,14 +951,14 @@ def save_hf(
             raise FileNotFoundError(f"tokenizer: no tokenizer.json at {tokenizer_file}")
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     out_dir = Path(out_dir)
-    task = isinstance(model, TaskModel)
-    hf_model = classifier_to_hf(model, label_names) if task else to_hf(model)
+    hf_model = classifier_to_hf(model, label_names) if isinstance(model, TaskModel) else to_hf(model)
     if tokenizer is not None:
         set_token_ids(hf_model, special_token_ids(tokenizer, special_tokens))
     with staged_directory(out_dir) as staging:  # out_dir never holds half an export
         hf_model.save_pretrained(staging, safe_serialization=True)
         if tokenizer is not None:
-            max_length = (model.backbone if task else model).config.max_seq_len
+            backbone = model.backbone if isinstance(model, TaskModel) else model
+            max_length = backbone.config.max_seq_len
             hf_tokenizer(tokenizer, max_length, special_tokens).save_pretrained(staging)
         permissions_as_umask(staging)  # transformers writes the weights through a 0600 temporary file
     return out_dir

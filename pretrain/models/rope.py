@@ -36,6 +36,12 @@ def default_frequencies(dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
 
 
+def _set(value: float | None, name: str) -> float:
+    """A field ``ModelConfig`` requires of this scaling type (it fills ``original_max_seq_len``)."""
+    assert value is not None, f"rope_scaling.{name} is checked by ModelConfig"
+    return value
+
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -45,16 +51,17 @@ def yarn_attention_factor(scaling: RopeScaling) -> float:
     else 0.1 ln s + 1."""
     if scaling.attention_factor is not None:
         return scaling.attention_factor
+    factor = _set(scaling.factor, "factor")
     if scaling.mscale and scaling.mscale_all_dim:
-        return _yarn_mscale(scaling.factor, scaling.mscale) / _yarn_mscale(
-            scaling.factor, scaling.mscale_all_dim
-        )
-    return _yarn_mscale(scaling.factor)
+        return _yarn_mscale(factor, scaling.mscale) / _yarn_mscale(factor, scaling.mscale_all_dim)
+    return _yarn_mscale(factor)
 
 
 def _yarn_frequencies(dim: int, theta: float, s: RopeScaling) -> Tensor:
+    L, factor = _set(s.original_max_seq_len, "original_max_seq_len"), _set(s.factor, "factor")
+
     def correction_dim(rotations: float) -> float:  # the dimension turning `rotations` times over L
-        return dim * math.log(s.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        return dim * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
     if s.truncate:
@@ -64,16 +71,18 @@ def _yarn_frequencies(dim: int, theta: float, s: RopeScaling) -> Tensor:
         high += 0.001  # no zero division
     ramp = ((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low)).clamp(0, 1)
     wavelength_ratio = theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)  # 1 / f_i
-    return ramp / (s.factor * wavelength_ratio) + (1 - ramp) / wavelength_ratio
+    return ramp / (factor * wavelength_ratio) + (1 - ramp) / wavelength_ratio
 
 
 def _llama3_frequencies(dim: int, theta: float, s: RopeScaling) -> Tensor:
     base = default_frequencies(dim, theta)
-    L, low, high = s.original_max_seq_len, s.low_freq_factor, s.high_freq_factor
+    L = _set(s.original_max_seq_len, "original_max_seq_len")
+    low, high = _set(s.low_freq_factor, "low_freq_factor"), _set(s.high_freq_factor, "high_freq_factor")
+    factor = _set(s.factor, "factor")
     wavelength = 2 * math.pi / base
-    scaled = torch.where(wavelength > L / low, base / s.factor, base)
+    scaled = torch.where(wavelength > L / low, base / factor, base)
     smooth = (L / wavelength - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelength >= L / high) & (wavelength <= L / low)
     return torch.where(medium, smoothed, scaled)
 
@@ -84,7 +93,7 @@ def frequencies(dim: int, theta: float, scaling: RopeScaling | None) -> tuple[Te
     if scaling is None or scaling.type == "dynamic":
         return default_frequencies(dim, theta), 1.0
     if scaling.type == "linear":
-        return default_frequencies(dim, theta) / scaling.factor, 1.0
+        return default_frequencies(dim, theta) / _set(scaling.factor, "factor"), 1.0
     if scaling.type == "yarn":
         return _yarn_frequencies(dim, theta, scaling), yarn_attention_factor(scaling)
     if scaling.type == "llama3":
@@ -94,7 +103,7 @@ def frequencies(dim: int, theta: float, scaling: RopeScaling | None) -> tuple[Te
 
 def dynamic_frequencies(dim: int, theta: float, scaling: RopeScaling, seq_len: Tensor) -> Tensor:
     """Dynamic NTK frequencies at length ``seq_len`` (a 0-d tensor; lengths <= L give the original ones)."""
-    L, s = scaling.original_max_seq_len, scaling.factor
+    L, s = _set(scaling.original_max_seq_len, "original_max_seq_len"), _set(scaling.factor, "factor")
     n = seq_len.float().clamp(min=L)
     theta_n = theta * (s * n / L - (s - 1)) ** (dim / (dim - 2))
     return 1.0 / (theta_n ** (torch.arange(0, dim, 2, device=n.device, dtype=torch.float) / dim))
@@ -102,6 +111,8 @@ def dynamic_frequencies(dim: int, theta: float, scaling: RopeScaling, seq_len: T
 
 class Rotary(nn.Module):
     """cos and sin of the rotation angles p f_i (times m), for ``head_dim`` d, base ``theta`` and ``scaling``."""
+
+    inv_freq: Tensor
 
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
@@ -114,9 +125,11 @@ class Rotary(nn.Module):
         """positions (B|1, T) -> cos, sin each (B|1, 1, T, d)."""
         inv_freq = self.inv_freq
         if self.dynamic:
+            assert self.scaling is not None  # a dynamic one
             seq_len = positions.max() + 1
             scaled = dynamic_frequencies(self.dim, self.theta, self.scaling, seq_len)
-            inv_freq = torch.where(seq_len > self.scaling.original_max_seq_len, scaled, inv_freq)
+            L = _set(self.scaling.original_max_seq_len, "original_max_seq_len")
+            inv_freq = torch.where(seq_len > L, scaled, inv_freq)
         freqs = positions[..., None].float() * inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)[:, None]
         if self.attention_factor == 1.0:

@@ -16,7 +16,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor
+from torch.optim.lr_scheduler import LRScheduler
 
 from pretrain.checkpoint.io import PAYLOAD
 from pretrain.checkpoint.resume import apply_resume_changes, restart_schedules
@@ -48,6 +50,8 @@ DOCUMENT_KEYS = ("document_ids", "position_ids", "decoder_document_ids", "decode
 
 class PretrainData(PretrainDataModule):
     """``PretrainDataModule`` whose training batches come in optimizer-step groups (see ``StepGroups``)."""
+
+    objective: Objective  # a pretraining objective (its sparse_targets)
 
     def __init__(self, *args: Any, accumulate_grad_batches: int = 1, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -171,8 +175,9 @@ class PretrainModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
         seq *= cp
         dec = inputs["decoder_input_ids"].shape[1] * cp if "decoder_input_ids" in inputs else None
         if (seq, dec) not in self._flops_per_sample:  # (all positions, without the head)
-            self._flops_per_sample[seq, dec] = tuple(
-                self._flops_per_token(seq, dec, head_positions=h) * seq for h in (None, 0)
+            self._flops_per_sample[seq, dec] = (
+                self._flops_per_token(seq, dec, head_positions=None) * seq,
+                self._flops_per_token(seq, dec, head_positions=0) * seq,
             )
         full, headless = self._flops_per_sample[seq, dec]
         flops = full * batch
@@ -245,9 +250,11 @@ class PretrainModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
             metrics.update(
                 {f"train/corpus_tokens/{n}": float(t) for n, t in data.tokens_per_source().items()}
             )
-        metrics["train/lr"] = self.lr_schedulers().get_last_lr()[0]
-        metrics = {k: torch.tensor(v) for k, v in metrics.items()}  # on the host: no read of them waits
-        lightning_compat.log_metrics(self.trainer, metrics, callback=True)  # equal on every rank
+        scheduler = self.lr_schedulers()
+        assert isinstance(scheduler, LRScheduler)  # configure_optimizers's one
+        metrics["train/lr"] = float(scheduler.get_last_lr()[0])
+        values = {k: torch.tensor(v) for k, v in metrics.items()}  # on the host: no read of them waits
+        lightning_compat.log_metrics(self.trainer, values, callback=True)  # equal on every rank
 
     def configure_gradient_clipping(
         self,
@@ -288,7 +295,7 @@ class PretrainModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
         )  # equal on all ranks
 
     # ------------------------------------------------------------------------------------------ optimizer
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         offload = optimizer_offloaded(self.run)
         # only fp16's loss scaler needs the gradients unscaled before clipping: bf16-mixed can use the fused AdamW
         # (configure_gradient_clipping clips without Lightning's AMP plugin, which refuses fused optimizers)

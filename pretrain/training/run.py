@@ -88,14 +88,14 @@ def _fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[
         raise RankDied(lightning_compat.dead_ranks(trainer), trainer.global_rank, err) from err
     finally:
         if trainer.is_global_zero:
-            remove_cache(run.run_dir)  # converted checkpoints: every rank loaded its state at the start
+            remove_cache(run.run_path)  # converted checkpoints: every rank loaded its state at the start
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         summary(trainer, run, module, last if last.exists() else parts.ckpt)
         if run.logger.csv and any((run.run_path / "logs").glob("version_*/metrics.csv")):
             from pretrain.training.callbacks.plots import plot_runs
 
-            print(f"  curves: {plot_runs([run.run_dir], run.run_path / 'curves.png')}")
+            print(f"  curves: {plot_runs([run.run_path], run.run_path / 'curves.png')}")
     return 0
 
 

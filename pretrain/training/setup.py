@@ -211,12 +211,10 @@ def _mixture(payload: dict[str, Any]) -> dict[str, Any]:
         return {}
     if not schedule["phases"]:
         return {"data.schedule": None, "data.schedule has phases": False}
-    t = payload["config"]["trainer"]
-    per_step = payload["config"]["data"]["micro_batch_size"] * t["accumulate_grad_batches"] * t["devices"]
     return {
         "data.schedule": schedule,
         "data.schedule has phases": True,
-        SAMPLES_PER_STEP: per_step * t["num_nodes"],
+        **_samples_per_step(payload, "config"),
     }
 
 
@@ -225,10 +223,16 @@ def _samples_per_step(payload: dict[str, Any], section: str) -> dict[str, Any]:
     if config is MISSING:
         return {}
     t = config["trainer"]
-    per_step = (
-        config["data"]["micro_batch_size"] * t["accumulate_grad_batches"] * t["devices"] * t["num_nodes"]
-    )
+    per_step = config["data"]["micro_batch_size"] * t["accumulate_grad_batches"] * _data_parallel(config)
     return {SAMPLES_PER_STEP: per_step}
+
+
+def _data_parallel(config: dict[str, Any]) -> int:
+    """How many different micro-batches a step of a resolved run config reads at once: its ranks over the tensor-
+    and context-parallel ranks that share one (``ParallelDims.dp``)."""
+    t, strategy = config["trainer"], config.get("strategy", {})
+    shared = strategy.get("tensor_parallel", 1) * strategy.get("context_parallel", 1)
+    return t["devices"] * t["num_nodes"] // shared
 
 
 def stream_position(run: RunConfig, position: tuple[int, int], ckpt: Path) -> int:
@@ -238,7 +242,9 @@ def stream_position(run: RunConfig, position: tuple[int, int], ckpt: Path) -> in
     import warnings
 
     epoch, consumed = position
-    per_batch = run.data.micro_batch_size * run.trainer.devices * run.trainer.num_nodes
+    from pretrain.parallel.mesh import ParallelDims
+
+    per_batch = run.data.micro_batch_size * ParallelDims.of(run).dp
     per_step = per_batch * run.trainer.accumulate_grad_batches
     back = consumed % per_batch
     again = (
@@ -255,8 +261,8 @@ def stream_position(run: RunConfig, position: tuple[int, int], ckpt: Path) -> in
 
 
 SAMPLES_PER_STEP = (
-    "samples per step (data.micro_batch_size x trainer.accumulate_grad_batches x trainer.devices x "
-    "trainer.num_nodes)"
+    "samples per step (data.micro_batch_size x trainer.accumulate_grad_batches x data-parallel ranks: "
+    "trainer.devices x trainer.num_nodes / (strategy.tensor_parallel x context_parallel))"
 )
 _SEED = Compared(
     None, "`seed`", config_keys("config", "seed"), "the sample order and dropout follow the seed"
@@ -364,7 +370,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
             "cannot: put run_dir on a local Linux file system, or set checkpoint.async_save=false"
         )
     tokenizer = load_tokenizer(run.tokenizer.path)
-    ids = model_token_ids(run, tokenizer)
+    ids: dict[str, Any] = model_token_ids(run, tokenizer)  # ModelConfig's special-token id fields
     run.model = dataclasses.replace(run.model, **ids)
     resolved["model"] = {**resolved["model"], **ids}
     objective = build_objective(run, tokenizer)

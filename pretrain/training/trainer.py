@@ -21,7 +21,7 @@ from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.compat import lightning as lightning_compat
 from pretrain.config.run import TrainingRun, check_checkpoint
 from pretrain.training.callbacks.garbage import ScheduledGarbageCollection
-from pretrain.training.callbacks.guards import build_guards
+from pretrain.training.callbacks.guards import StepGuard, build_guards
 from pretrain.training.callbacks.host_sync import SyncCheck, allowed
 from pretrain.training.callbacks.preemption import LastCheckpoint
 from pretrain.training.callbacks.progress import progress_callbacks
@@ -214,8 +214,13 @@ def build_trainer(
         bar.get_metrics = metrics_of_logging_steps(bar.get_metrics)  # type: ignore[method-assign]
     if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
         trainer.strategy.checkpoint_io.reclaimable = lambda: outside_retention(trainer)
+    writer = getattr(trainer.strategy, "async_writer", None)
     if isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO):
         trainer.strategy.checkpoint_io.strategy = trainer.strategy
+        writer = trainer.strategy.checkpoint_io.writer
+    guard = next((c for c in trainer.callbacks if isinstance(c, StepGuard)), None)
+    if writer is not None and guard is not None:  # a checkpoint writes the guard's snapshot: one copy
+        writer.host_copies = guard.host_copies
     return trainer
 
 

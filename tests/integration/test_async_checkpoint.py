@@ -117,6 +117,92 @@ def test_the_update_after_a_save_waits_for_its_copy_and_the_write_puts_itself_in
     writer.close()
 
 
+def test_a_save_writes_the_guards_snapshot_of_its_state_instead_of_copying_it_again(tmp_path, monkeypatch):
+    """At a checkpoint the guard's host snapshot of the same state is being copied anyway: the writer writes those
+    copies (the very tensors, no staging copy of its own) and the checkpoint holds the state of the save although
+    the update follows at once. A snapshot taken while that write still reads them gets fresh memory (the write's
+    copies stay as they were); once the write is done the next snapshot re-uses its memory again."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed.checkpoint
+
+    from pretrain.checkpoint import dcp
+    from pretrain.checkpoint.optimizer_state import dcp_state
+    from pretrain.config.run import GuardsConfig
+    from pretrain.training.callbacks.guards import StepGuard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step():
+        model(torch.randn(2, 8)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()  # AdamW's moments exist
+    trainer = SimpleNamespace(
+        training=True,
+        global_step=1,
+        lightning_module=model,
+        optimizers=[optimizer],
+        strategy=None,
+        datamodule=None,
+    )
+    guard = StepGuard(GuardsConfig())
+    guard._trainer = trainer
+    writer = AsyncCheckpointWriter()
+    writer.host_copies = guard.host_copies
+    staged = []
+    stage = writer._stage
+    writer._stage = lambda *args: staged.append(stage(*args)) or staged[-1]
+    release = threading.Event()  # the write waits for it
+    save = torch.distributed.checkpoint.save
+    monkeypatch.setattr(
+        torch.distributed.checkpoint, "save", lambda *a, **k: (release.wait(60), save(*a, **k))
+    )
+
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = [s["exp_avg"].clone() for s in optimizer.state.values()]
+    guard._take_snapshot(trainer)  # what the guard's state_dict does at a checkpoint
+    checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}
+    writer.save(
+        dcp_state(checkpoint, [optimizer], model),
+        {"global_step": 1},
+        tmp_path / "last.ckpt",
+        distributed=False,
+        optimizers=[optimizer],
+    )
+    step()  # waits for both copies
+    guard._settle()
+    snapshot = guard.snapshot
+    copies = {id(t) for t in snapshot["model"].values()}
+    copies |= {id(t) for s in snapshot["optimizers"][0]["state"].values() for t in s.values()}
+    written = [dcp.get_path(staged[0], path) for path in dcp.flatten(staged[0]).values()]
+    written = [t for t in written if isinstance(t, torch.Tensor)]
+    assert writer._stager is None  # nothing staged by the writer itself
+    assert len(written) == 4 + 3 * 4 and {id(t) for t in written} <= copies
+
+    trainer.global_step = 2  # a snapshot while the write still reads the last one's memory
+    guard._take_snapshot(trainer)
+    guard._settle()
+    assert not {id(t) for t in guard.snapshot["model"].values()} & copies
+    release.set()
+    writer.wait()
+    state = dcp.read(tmp_path / "last.ckpt")
+    for key, value in saved.items():
+        assert torch.equal(state["state_dict"][key], value), key
+    read_moments = [s["exp_avg"] for s in state["optimizer_0"]["state"].values()]
+    assert all(torch.equal(a, b) for a, b in zip(read_moments, moments, strict=True))
+    kept = {id(t) for t in guard.snapshot["model"].values()}
+    trainer.global_step = 3
+    guard._take_snapshot(trainer)
+    guard._settle()
+    assert {id(t) for t in guard.snapshot["model"].values()} == kept  # re-used once the write is done
+    writer.close()
+
+
 def start_worker(path, run_dir, *args):
     log = open(run_dir.parent / "worker.log", "w")  # noqa: SIM115 - the child keeps it
     return subprocess.Popen(

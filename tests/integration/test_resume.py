@@ -82,11 +82,14 @@ def check_wandb(run_dir, killed_at: int) -> None:
         pytest.param("t5", 1, "adamw", marks=pytest.mark.heavy),
         ("gpt", 2, "muon"),
         ("gpt-tp2", 1, "adamw"),
+        ("gpt-cp2", 1, "adamw"),
     ],
 )
 def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, accumulate, optim):
     """``gpt-tp2``: 2 gloo ranks of FSDP2 x tensor parallelism 2 (DCP shards of DTensors; dropout drawn per rank
-    on the split activations, ``RankRandomness``)."""
+    on the split activations, ``RankRandomness``). ``gpt-cp2``: 2 gloo ranks of FSDP2 (over dp_shard x cp) x
+    context parallelism 2, every sequence split in the DataLoader's workers, packed-document masks, dropout drawn
+    per context-parallel rank."""
     wandb = (
         {"logger": {"wandb": {"enabled": True, "group": "g"}}} if (kind, optim) == ("gpt", "adamw") else {}
     )
@@ -94,10 +97,11 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
         "trainer": {"accumulate_grad_batches": accumulate},
         "optim": {"name": optim, "warmup_steps": 2},
     }
-    if kind == "gpt-tp2":
+    if kind in ("gpt-tp2", "gpt-cp2"):
+        parallel = "tensor_parallel" if kind == "gpt-tp2" else "context_parallel"
         kind = "gpt"
         sections["trainer"]["devices"] = 2
-        sections["strategy"] = {"name": "fsdp", "tensor_parallel": 2}
+        sections["strategy"] = {"name": "fsdp", parallel: 2}
     full = resume_recipe(tmp_path / "full", tiny_world, kind, **copy.deepcopy(sections))
     reference = Background("fit", str(full), log=tmp_path / "full.log")  # runs alongside the killed one
     killed = resume_recipe(tmp_path / "killed", tiny_world, kind, **copy.deepcopy(sections), **wandb)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
-from training_utils import free_port, metric_by_step, read_metrics, run_ranks, tiny_recipe
+from training_utils import free_port, metric_by_step, read_metrics, run_cli, run_ranks, tiny_recipe
 
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
@@ -251,11 +251,18 @@ def test_every_cells_checkpoint_holds_its_final_weights(trained):
             assert torch.equal(ours[name].detach(), tensor), (cell, name)
 
 
+def validation_metrics(stdout: str) -> dict[str, float]:
+    """``{name: value}`` of ``pretrain validate``'s printed ``  val/NAME: VALUE`` lines."""
+    rows = (line.strip().split(": ") for line in stdout.splitlines() if line.strip().startswith("val/"))
+    return {name: float(value) for name, value in rows}
+
+
 @pytest.mark.slow
 def test_validate_export_and_evaluate_read_a_tp_and_cp_checkpoint(trained, tmp_path, capsys):
     """The cp2 x tp2 GPT run's checkpoint in one process: ``pretrain validate`` gives the run's own last validation
     loss (its one data-parallel rank read the batches one process reads), ``pretrain export`` writes a transformers
-    model with our logits, and ``pretrain evaluate`` scores it."""
+    model with our logits, and ``pretrain evaluate`` scores it. ``pretrain validate`` on the run's own mesh (4 gloo
+    ranks, cp2 x tp2: each rank reads its shards and its half of every sequence) gives the one-process metrics."""
     import transformers
 
     from pretrain.checkpoint import load_model
@@ -271,10 +278,16 @@ def test_validate_export_and_evaluate_read_a_tp_and_cp_checkpoint(trained, tmp_p
         "trainer.devices=1",
     ]
     assert main(["validate", str(recipe), "--ckpt", str(ckpt), *CELLS[cell][2], *one]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("val/loss"))
+    one_process = validation_metrics(capsys.readouterr().out)
     logged = metrics(trained, cell, "val/loss")
     logged = logged[max(logged)]  # the last validation's
-    assert float(line.split(":")[1]) == pytest.approx(logged, rel=1e-4)
+    assert one_process["val/loss"] == pytest.approx(logged, rel=1e-4)
+    on_mesh = validation_metrics(
+        run_cli("validate", str(recipe), "--ckpt", str(ckpt), *CELLS[cell][2]).stdout
+    )
+    assert on_mesh.keys() == one_process.keys() and "val/accuracy" in on_mesh
+    for name, value in one_process.items():  # printed to 4 decimals
+        assert on_mesh[name] == pytest.approx(value, abs=1e-4), name
 
     assert main(["export", str(ckpt), str(tmp_path / "hf")]) == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

@@ -134,6 +134,60 @@ def test_sparse_block_mask_equals_reference_and_sdpa(T, causal, window, n_global
     assert (out - ref).abs().max().item() <= 1e-5
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    chunk=st.integers(1, 7),
+    size=st.integers(1, 3),
+    causal=st.booleans(),
+    window=st.integers(0, 9),
+    n_global=st.integers(0, 2),
+    documents=st.booleans(),
+    prefix=st.booleans(),
+    padding=st.booleans(),
+    block=st.integers(1, 5),
+    seed=st.integers(0, 3),
+)
+def test_context_parallel_blocks_equal_the_dense_mask(
+    chunk, size, causal, window, n_global, documents, prefix, padding, block, seed
+):
+    """A context-parallel rank's queries (chunks rank and 2N-1-rank) under any self-attention mask, block by block
+    with blocks of ``block`` queries reading only the keys they can reach (``BlockMasked``): the output and every
+    gradient of SDPA on the dense mask of the same inputs."""
+    from unittest import mock
+
+    from pretrain.parallel.context import chunk_positions
+
+    T, B = 2 * size * chunk, 2
+    rank = seed % size
+    g = torch.Generator().manual_seed(seed)
+    docs = torch.randint(0, 3, (B, T), generator=g).sort(1).values if documents else None
+    inputs_ = MaskInputs(
+        T // size,
+        T,
+        causal=causal,
+        document_ids=docs,
+        prefix_lengths=torch.randint(0, T, (B,), generator=g) if prefix and causal else None,
+        key_mask=(torch.arange(T) < T - 2).expand(B, T) if padding and not causal else None,
+        pattern=SparsePattern(causal, window, n_global),
+        query_positions=chunk_positions(T, rank, size),
+        query_chunks=(rank * chunk, (2 * size - 1 - rank) * chunk),
+    )
+    q = torch.randn(B, 2, T // size, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(B, 2, T, 8, generator=g, requires_grad=True) for _ in range(2))
+    with mock.patch.multiple(attention, BLOCK_ELEMENTS=1, MIN_BLOCK_QUERIES=block):
+        mask = AttentionMask(inputs_, "sdpa", q)
+        ours = attend(q, k, v, mask, None, 0.0)
+    if mask.chunks is None:  # everything but a plain causal mask
+        assert mask.dense is None and len(mask.blocks) == 2 * -(-chunk // block)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs_.dense(torch.device("cpu")))
+    weights = torch.randn(ours.shape, generator=g)
+    grads = torch.autograd.grad((ours * weights).sum(), (q, k, v))
+    expected = torch.autograd.grad((reference * weights).sum(), (q, k, v))
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+    for ours_grad, reference_grad in zip(grads, expected, strict=True):
+        torch.testing.assert_close(ours_grad, reference_grad, rtol=1e-5, atol=1e-5)
+
+
 def test_random_blocks_are_reproducible_and_r_per_row():
     table = random_block_table(8, 2, 7, False)
     assert torch.equal(table, random_block_table.__wrapped__(8, 2, 7, False))

@@ -303,3 +303,17 @@ def test_a_finished_runs_best_checkpoint_newer_than_last_becomes_last(tmp_path):
     assert resume_path(run) == checkpoints / "last.ckpt"
     assert checkpoint_step(checkpoints / "last.ckpt") == 8 and (checkpoints / "best-step8.ckpt").is_file()
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best-step8.ckpt", "last.ckpt"]
+
+
+def test_checkpoint_readers_import_no_lightning():
+    """``pretrain.checkpoint`` (but ``lightning_io``) imports no Lightning: a verb may import it before
+    ``pretrain.compat.lightning``, which must run before Lightning's first import (torchmetrics without extras)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pretrain.checkpoint, pretrain.checkpoint.reshard, pretrain.checkpoint.merge; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torchmetrics', 'pytorch_lightning')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from pretrain.checkpoint.io import EMA_KEY
 from pretrain.compat import lightning as lightning_compat
+from pretrain.training.module import PretrainModule
 
 
 class EMA(Callback):
@@ -88,6 +89,7 @@ class EMA(Callback):
         """The validation batches again with the EMA weights: ``val/<metric>_ema``."""
         if not self.averages or trainer.sanity_checking or not hasattr(pl_module, "_val_sums"):
             return
+        assert isinstance(pl_module, PretrainModule)  # ema is a pretraining run's section
         parts = lightning_compat.local_parts(trainer.strategy, pl_module)
         saved = {name: part.detach().clone() for name, part in parts.items()}
         sums = pl_module._val_sums
@@ -96,7 +98,7 @@ class EMA(Callback):
                 for name, part in parts.items():
                     part.copy_(self.averages[name].to(part.dtype))
             pl_module._val_sums = {}
-            data = trainer.datamodule
+            data = trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's data connector
             for i, batch in enumerate(data.val_dataloader()):
                 batch = data.on_before_batch_transfer(batch, 0)
                 batch = trainer.strategy.batch_to_device(batch)

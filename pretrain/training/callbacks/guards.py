@@ -41,6 +41,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -52,26 +53,45 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from pretrain.checkpoint.async_save import TensorKey, tensor_key
+from pretrain.compat.dtensor import local_shard
 from pretrain.compat.optim import honours_found_inf
 from pretrain.config.run import GuardsConfig, HangGuardConfig
 from pretrain.training.callbacks.host_sync import DeferredRead, allowed
 from pretrain.training.step import ends_step
 
 
-def _cpu_copy(obj: Any, into: Any = None) -> Any:
+def _cpu_copy(obj: Any, into: Any = None, copies: dict[TensorKey, Tensor] | None = None) -> Any:
     """A deep copy of nested dicts/lists/tuples in which every tensor is cloned to host memory -- into the host
     tensor at the same place of ``into`` (an earlier copy) where it has the same shape and dtype: a snapshot
-    every checkpoint then re-uses its memory instead of faulting in a model's worth of fresh pages."""
+    every checkpoint then re-uses its memory instead of faulting in a model's worth of fresh pages. ``copies``
+    gets each copy by its source's ``tensor_key``."""
     if isinstance(obj, Tensor):
         if isinstance(into, Tensor) and into.shape == obj.shape and into.dtype == obj.dtype:
-            return into.copy_(obj.detach())
-        return obj.detach().to("cpu", copy=True)
+            copy = into.copy_(obj.detach())
+        else:
+            copy = obj.detach().to("cpu", copy=True)
+        if copies is not None:
+            copies[tensor_key(obj)] = copy
+        return copy
     if isinstance(obj, dict):
         into = into if isinstance(into, dict) else {}
-        return {k: _cpu_copy(v, into.get(k)) for k, v in obj.items()}
+        return {k: _cpu_copy(v, into.get(k), copies) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         into = into if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
-        return type(obj)(_cpu_copy(v, w) for v, w in zip(obj, into, strict=True))
+        return type(obj)(_cpu_copy(v, w, copies) for v, w in zip(obj, into, strict=True))
+    return obj
+
+
+def _host_buffers(obj: Any) -> Any:
+    """``obj`` with every plain tensor replaced by host memory of its shape and dtype, paged in (zeros): what
+    ``_cpu_copy`` copies it into later. DTensors (``None``) are copied into fresh memory."""
+    if isinstance(obj, Tensor):
+        return None if local_shard(obj) is not obj else torch.zeros(obj.shape, dtype=obj.dtype)
+    if isinstance(obj, dict):
+        return {k: _host_buffers(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_host_buffers(v) for v in obj)
     return obj
 
 
@@ -109,6 +129,10 @@ class StepGuard(Callback):
         self._lr_scaled: list[tuple[float, float]] | None = None
         self._copier: ThreadPoolExecutor | None = None  # the snapshot's copy (``_take_snapshot``)
         self._copying: Future | None = None
+        self._copies: dict[TensorKey, Tensor] = {}  # the snapshot's copies by their source (``host_copies``)
+        self._spare: Future | None = None  # host memory for the first copy of the optimizer state
+        self._spared = False
+        self._lent: Future | None = None  # done once a checkpoint write no longer reads the snapshot
         self._hooked: set[int] = set()
 
     # ------------------------------------------------------------------------------------------ state
@@ -148,6 +172,7 @@ class StepGuard(Callback):
         self.events = list(state["events"])
         self._settle()
         self.snapshot = state.get("snapshot")
+        self._copies = {}
 
     # ------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -201,10 +226,21 @@ class StepGuard(Callback):
         if hasattr(optimizer, "found_inf"):
             del optimizer.found_inf
         self._resolve(trainer, pl_module)
+        if not ends_step(idx, trainer.accumulate_grad_batches):
+            return
         every = self.config.snapshot_every
-        if ends_step(idx, trainer.accumulate_grad_batches) and every and trainer.global_step % every == 0:
+        if every and trainer.global_step % every == 0:
             with allowed():  # a copy of every weight to the host
                 self._take_snapshot(trainer)
+        if self._spare is None and not self._spared and self._copier is not None and self._copying is None:
+            self._spared = True
+            if self.snapshot is not None and not any(
+                s.get("state") for s in self.snapshot.get("optimizers", [])
+            ):
+                # a fresh run's snapshot (from before the first step) holds no optimizer state: the memory its
+                # next copy needs is paged in now, off this thread, not at the first checkpoint's step
+                states = [opt.state_dict() for opt in trainer.optimizers]
+                self._spare = self._copier.submit(_host_buffers, states)
 
     def _check_nonfinite(self, trainer: L.Trainer) -> bool:
         """Non-finite steps are skipped here unless 16-mixed's loss scaler skips them itself."""
@@ -258,15 +294,21 @@ class StepGuard(Callback):
         if self.snapshot is not None and self.snapshot["step"] == trainer.global_step:
             return
         self._settle()
-        old = self.snapshot or {}
+        # the last snapshot's memory is re-used, unless a checkpoint is still being written from it
+        old = self.snapshot if self._lent is None or self._lent.done() else None
+        old = old or {}
         previous = list(old.get("optimizers", [])) + [None] * len(trainer.optimizers)
+        spare, self._spare = self._spare, None
         model = _local_tensors(trainer.lightning_module)
         optimizers = [opt.state_dict() for opt in trainer.optimizers]
+        copies: dict[TensorKey, Tensor] = {}
+        self._copies = copies
 
         def copy() -> dict[str, Any]:
+            into = spare.result() + previous if spare is not None else previous
             return {
-                "model": _cpu_copy(model, old.get("model")),
-                "optimizers": [_cpu_copy(state, p) for state, p in zip(optimizers, previous)],
+                "model": _cpu_copy(model, old.get("model"), copies),
+                "optimizers": [_cpu_copy(state, p, copies) for state, p in zip(optimizers, into)],
             }
 
         self.snapshot = {"step": trainer.global_step, "position": _data_position(trainer)}
@@ -276,6 +318,25 @@ class StepGuard(Callback):
         if self._copier is None:
             self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-guard-snapshot")
         self._copying = self._copier.submit(copy)
+
+    def host_copies(self, release: Future) -> Callable[[], dict[TensorKey, Tensor]] | None:
+        """For a checkpoint of the current training state (``AsyncCheckpointWriter.host_copies``): the snapshot's
+        host copies by their source's ``tensor_key`` (the function waits for the copy in flight), when the snapshot
+        is of this state (taken at this step, in training); None otherwise. Its memory is not re-used until
+        ``release`` is done."""
+        trainer = self._trainer
+        if (
+            self.snapshot is None
+            or trainer is None
+            or not trainer.training
+            or self.snapshot["step"] != trainer.global_step
+        ):
+            return None
+        self._lent = release
+        copying, copies = self._copying, self._copies
+        if copying is None:
+            return lambda: copies
+        return lambda: (copying.result(), copies)[1]
 
     def _copies_in_background(self, trainer: L.Trainer) -> bool:
         """Whether every optimizer is a ``torch.optim.Optimizer`` (its step pre-hook then waits for the copy);

@@ -36,6 +36,7 @@ from pretrain.evaluation.runner import evaluate, flat_metrics, summarize
 from pretrain.evaluation.scoring import LMScorer, Request
 from pretrain.training.callbacks.guards import HangGuard
 from pretrain.training.callbacks.host_sync import allowed
+from pretrain.training.module import PretrainModule
 
 
 class InLoopEvaluation(Callback):
@@ -78,10 +79,12 @@ class InLoopEvaluation(Callback):
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """Evaluate now; log and return the results (equal on every rank)."""
+        assert isinstance(pl_module, PretrainModule)  # eval_during_fit is a pretraining run's section
         model = pl_module.model
         was_training = model.training
         states = _rng_states()
-        guards = [cb for cb in trainer.callbacks if isinstance(cb, HangGuard)]
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's callback connector
+        guards = [cb for cb in callbacks if isinstance(cb, HangGuard)]
         armed = [time.monotonic()]
 
         def heartbeat() -> None:  # re-arm the hang guard's timer as validation does, at most once a second
@@ -123,11 +126,12 @@ class InLoopEvaluation(Callback):
         return results
 
     # ------------------------------------------------------------------------------------------ scoring
-    def _scorer_for(self, pl_module: L.LightningModule, heartbeat: Any) -> LMScorer:
+    def _scorer_for(self, pl_module: PretrainModule, heartbeat: Any) -> LMScorer:
         """An ``LMScorer`` over the backbone whose every forward is counted (and keeps the hang guard armed)."""
         from tokenizers import Tokenizer
 
         if self._scorer is None:
+            assert pl_module.tokenizer_json is not None  # prepare_run gives a fit's module its tokenizer
             tokenizer = Tokenizer.from_str(pl_module.tokenizer_json)
             self._scorer = scorer_from_model(
                 pl_module.model,

@@ -232,8 +232,12 @@ class PeakThroughputMonitor(Callback):
         for mark, batches, samples, tokens, flops in self._pending:
             cuda = isinstance(mark, torch.cuda.Event)
             at = now - mark.elapsed_time(last) / 1e3 if cuda else mark - self._t0
-            self.throughput.update(  # type: ignore[arg-type]  # Lightning annotates flops an int; it divides a float alike
-                time=at, batches=batches, samples=samples, lengths=tokens, flops=flops
+            self.throughput.update(
+                time=at,
+                batches=batches,
+                samples=samples,
+                lengths=tokens,
+                flops=flops,  # type: ignore[arg-type]  # Lightning annotates an int; it divides a float alike
             )
         self._pending.clear()
 
