@@ -64,6 +64,7 @@ def worker(rank: int, port: int, ns: str, out: dict) -> None:
 
     from pretrain.training.strategies import shard_model
 
+    torch.set_num_threads(1)  # as the test process computing the reference (tests/conftest.py)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
