@@ -49,7 +49,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -184,7 +184,7 @@ class MaskInputs:
                 )
             if pattern is not None and pattern.global_tokens:
                 sparse.append((k < pattern.global_tokens) | (p < pattern.global_tokens))
-            if table is not None:
+            if table is not None and pattern is not None:  # a table comes from a pattern
                 sparse.append(table[p // pattern.block_size, k // pattern.block_size])
             if global_ids is not None:
                 sparse.append(global_ids[b, p] | global_ids[b, k])
@@ -210,7 +210,8 @@ class MaskInputs:
 
         def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
             ok = key_mask[b, k] if key_mask is not None else k >= 0
-            if query_docs is None:
+            # Transformer.forward gives the cross-attention MaskInputs both document ids or neither
+            if query_docs is None or key_docs is None:
                 return ok
             return (ok & (query_docs[b, q] == key_docs[b, k])) | ((query_docs[b, q] < 0) & (k == 0))
 
@@ -372,14 +373,19 @@ def attend(
             k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         if mask.blocks is not None:
             return BlockMasked.apply(q, k, v, mask.blocks, mask.inputs, scale)
-        size = q.shape[2] // len(mask.chunks)
+        chunks = mask.chunks
+        assert chunks is not None  # the condition above, with blocks None
+        size = q.shape[2] // len(chunks)
         return torch.cat(
             [ChunkCausal.apply(q[:, :, i * size : (i + 1) * size], k, v, start, scale)
-             for i, start in enumerate(mask.chunks)],
+             for i, start in enumerate(chunks)],
             dim=2,
         )  # fmt: skip
     if mask is not None and mask.flex:
-        kernel = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+        # torch's stubs give flex_attention the bare type `function`, which mypy does not call
+        kernel = (
+            cast(Callable[..., Any], flex_attention) if torch.compiler.is_compiling() else _compiled_flex()
+        )
         return kernel(q, k, v, mask.score_mod, mask.block_mask, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(
         q,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -28,6 +28,16 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_module
 from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel, parallelize_module
+
+
+class TensorParallelPlan(Protocol):
+    """What a model with a tensor-parallel plan provides (:class:`pretrain.models.transformer.Transformer`)."""
+
+    def tp_plan(self, sequence_parallel: bool = False) -> dict[str, Any]: ...
+
+    def tie_weights(self) -> None: ...
+
+    def tp_sharded_randomness(self, sequence_parallel: bool = False) -> list[nn.Module]: ...
 
 
 def tensor_parallel_models(module: nn.Module) -> list[nn.Module]:
@@ -40,9 +50,10 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, sequence_parallel: bo
     plan, re-tie its weights and give each rank its own dropout where its activations are its own."""
     rank = tp_mesh.get_local_rank()
     for model in tensor_parallel_models(module):
-        parallelize_module(model, tp_mesh, model.tp_plan(sequence_parallel))
-        model.tie_weights()
-        for sub in model.tp_sharded_randomness(sequence_parallel):
+        planned = cast(TensorParallelPlan, model)  # tensor_parallel_models keeps the modules with a tp_plan
+        parallelize_module(model, tp_mesh, planned.tp_plan(sequence_parallel))
+        planned.tie_weights()
+        for sub in planned.tp_sharded_randomness(sequence_parallel):
             RankRandomness(rank).attach(sub)
 
 
@@ -65,7 +76,13 @@ class Replicated(ParallelStyle):
         return output.to_local()
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return distribute_module(module, device_mesh, input_fn=self._enter, output_fn=self._leave)
+        # torch annotates input_fn/output_fn as returning None, but uses what they return as the inputs/output
+        return distribute_module(
+            module,
+            device_mesh,
+            input_fn=self._enter,  # type: ignore[arg-type]
+            output_fn=self._leave,  # type: ignore[arg-type]
+        )
 
 
 class RankRandomness:
@@ -96,7 +113,7 @@ class RankRandomness:
         digest = (
             bytes(16)
             if hasattr(state, "fake_mode")
-            else hashlib.blake2b(state.numpy(), digest_size=16).digest()
+            else hashlib.blake2b(state.numpy().tobytes(), digest_size=16).digest()
         )
         shared, self._continue = (int.from_bytes(digest[i : i + 8], "little") >> 1 for i in (0, 8))
         device = args[0].device
