@@ -13,13 +13,13 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 
-# one thread per test process: `make test` runs two pytest workers on the machine's 2 cores, and tiny kernels run
+# one thread per test process: `make test` runs three pytest workers on 2 cores, and tiny kernels run
 # far faster on one thread than on two contended ones (OpenMP barriers); subprocess runs get OMP_NUM_THREADS=1 too
 torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with end-to-end runs (a ``slow`` test) first, each file's own order kept: under ``make test``'s two
+    """Files with end-to-end runs (a ``slow`` test) first, each file's own order kept: under ``make test``'s
     workers (``--dist loadfile`` hands out whole files in this order) the long files start early and the short ones
     fill the end, instead of one worker running a long file alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}

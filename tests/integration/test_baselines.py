@@ -207,7 +207,9 @@ def test_bad_recipes_fail_before_training(corpus, capsys):
     with pytest.raises(ValueError, match="one device"):
         load_config("recipes/lstm-lm-tiny.yaml", ["trainer.devices=2"])
     # a section the kind never reads is refused, not silently ignored (nor blamed on a 'clm' objective)
-    with pytest.raises(ValueError, match=r"^objective: a sgns baseline has no such section .*baselines\.window"):
+    with pytest.raises(
+        ValueError, match=r"^objective: a sgns baseline has no such section .*baselines\.window"
+    ):
         load_config("recipes/sgns-tiny.yaml", ["objective.options.window=abc"])
     with pytest.raises(ValueError, match=r"^model: a glove baseline has no such section"):
         load_config("recipes/glove-tiny.yaml", ["model.n_layer=3"])
