@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import shutil
@@ -11,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -261,15 +263,17 @@ def _signal_once(
         deadline = time.monotonic() + timeout
         try:
             while proc.poll() is None and time.monotonic() < deadline:
-                step = checkpoint_step(last)
+                # the run (every rank) is stopped while its checkpoint is read and the signal sent: on a loaded
+                # machine a read took longer than the tiny steps left, and runs ended between two polls
+                with stopped(proc.pid):
+                    step = checkpoint_step(last)
+                    if step >= at_step:
+                        with contextlib.suppress(ProcessLookupError):  # it has just ended: its status tells
+                            if rank:
+                                os.kill(rank_pid(proc.pid, rank), signum)
+                            else:
+                                (os.killpg if whole_group and rank is None else os.kill)(proc.pid, signum)
                 if step >= at_step:
-                    try:
-                        if rank:
-                            os.kill(rank_pid(proc.pid, rank), signum)
-                        else:
-                            (os.killpg if whole_group and rank is None else os.kill)(proc.pid, signum)
-                    except ProcessLookupError:  # it has just ended: its status tells
-                        pass
                     status = proc.wait(max(1.0, deadline - time.monotonic()))
                     if signum == signal.SIGKILL and whole_group:
                         # a killed job loses every process it started (a scheduler kills the whole job); the W&B
@@ -287,6 +291,19 @@ def _signal_once(
     raise AssertionError(
         f"the run ended (status {proc.returncode}) before step {at_step} could be signalled; see {log_path}"
     )
+
+
+@contextlib.contextmanager
+def stopped(group: int) -> Iterator[None]:
+    """Process group ``group`` stopped (SIGSTOP) for the block, continued after it (a signal sent meanwhile is
+    delivered then; SIGKILL at once)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)
 
 
 def rank_pid(launcher: int, rank: int) -> int:

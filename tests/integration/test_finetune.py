@@ -106,6 +106,7 @@ def raw(files, tmp_path, model: dict, **sections) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # learning is also asserted by test_random_bert_learns_saves_and_reloads; MiniLM loads in test_documented_commands
 def test_minilm_learns_sst2(shared_data, tmp_path):
     """The MiniLM recipe's path (unpadded batches), shortened: 40 steps (640 sentences), > 70% on the first 200
     dev sentences (20 steps read 0.54-0.725 over seeds; 40 read 0.72-0.78, at the cost of 20 padded steps)."""

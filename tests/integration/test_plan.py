@@ -39,6 +39,7 @@ def test_traced_peak_is_within_15_percent_of_the_measured_cpu_peak(recipe, preci
     assert estimate.activations > 0
 
 
+@pytest.mark.heavy  # the plan's accuracy against real runs: the traced-peak and gloo-row tests
 def test_checkpointing_lowers_activations_and_sharding_lowers_the_per_gpu_total():
     """Every strategy, and (``--tp 2 --cp 2`` on 4 GPUs) FSDP2 x TP x CP: its parameters are the tensor-parallel
     halves, FSDP2-sharded over dp x cp = 2 (between a quarter and a half of the model: what stays whole under TP,

@@ -158,6 +158,7 @@ def test_local_tasks_equal_single_process_and_rerun_only_the_failed_one(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the task/assembly logic is the local executor's (tested); this adds Ray's scheduling
 def test_ray_cluster_of_two_workers_equals_single_process(tmp_path, corpus, tiny_world):
     single = tmp_path / "single"
     prepare(corpus, tiny_world["tokenizer"], single, val_fraction=0.1, progress=False)
