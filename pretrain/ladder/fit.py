@@ -57,9 +57,8 @@ class Law:
     beta: float
 
     def loss(self, N: np.ndarray | float, D: np.ndarray | float) -> np.ndarray:
-        with np.errstate(
-            over="ignore", invalid="ignore"
-        ):  # a degenerate bootstrap fit gives inf / NaN, not noise
+        # a degenerate bootstrap fit gives inf / NaN (N^alpha past float range either way), not noise
+        with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
             return self.E + self.A / np.power(N, self.alpha) + self.B / np.power(D, self.beta)
 
     @classmethod

@@ -110,3 +110,12 @@ def test_a_bootstrap_resample_whose_optimum_leaves_float_range_is_dropped(monkey
     monkeypatch.setattr(fit, "_lbfgs", lbfgs)
     laws = bootstrap_laws(N, D, L, full, samples=4, starts=0)
     assert len(laws) == 2 and all(math.isfinite(law.A) for law in laws)
+
+
+def test_a_degenerate_law_evaluates_without_numpy_warnings():
+    """A bootstrap fit with a large negative exponent (N^alpha underflows to 0: A / 0) gives inf, silently:
+    the MLM ladder's report printed numpy's `divide by zero` warning to the user."""
+    law = Law(E=0.8, A=4911.0, alpha=-40.2, B=72.1, beta=0.28)
+    with np.errstate(all="raise"):
+        loss = law.loss(np.array([2.2e5, 1e300]), np.array([1e6, 1e6]))
+    assert np.isfinite(loss[0]) and np.isinf(loss[1])
