@@ -45,11 +45,15 @@ def check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
         raise InputError(
             f"--weights gives {len(weights)} weights for {n} checkpoints; give one per checkpoint"
         )
+    if not all(math.isfinite(w) for w in weights):
+        raise InputError(f"--weights {','.join(map(str, weights))}: every weight must be a finite number")
     total = math.fsum(weights)
     if not math.isclose(total, 1.0, rel_tol=0, abs_tol=1e-6):
+        # the weights rescaled to sum to 1, where they can be (a sum of 0 cannot: then the uniform ones)
+        example = [w / total for w in weights] if total != 0 else [1.0 / n] * n
         raise InputError(
             f"--weights sum to {total:g}, not 1; a merge is a weighted average and the weights are not rescaled: "
-            f"give weights that sum to 1 (e.g. {','.join(f'{w / total:.6g}' for w in weights)})"
+            f"give weights that sum to 1 (e.g. {','.join(f'{w:.6g}' for w in example)})"
         )
     return list(weights)
 

@@ -90,6 +90,11 @@ def test_weights_that_do_not_sum_to_one_are_refused(tmp_path):
         match=r"--weights sum to 0.9, not 1; .* not rescaled: give weights that sum to 1 \(e.g. 0.555556,0.444444\)",
     ):
         merge(paths, tmp_path / "m.ckpt", [0.5, 0.4])
+    # weights summing to 0 (extrapolation's 1,-1) or not finite: one line too, not a division by zero
+    with pytest.raises(ValueError, match=r"--weights sum to 0, not 1; .* \(e.g. 0.5,0.5\)"):
+        merge(paths, tmp_path / "m.ckpt", [1.0, -1.0])
+    with pytest.raises(ValueError, match="--weights nan,1.0: every weight must be a finite number"):
+        merge(paths, tmp_path / "m.ckpt", [float("nan"), 1.0])
     with pytest.raises(ValueError, match="--weights gives 3 weights for 2 checkpoints"):
         merge(paths, tmp_path / "m.ckpt", [0.5, 0.25, 0.25])
     assert not (tmp_path / "m.ckpt").exists()
