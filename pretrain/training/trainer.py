@@ -20,6 +20,7 @@ from pretrain.checkpoint.async_save import AsyncCheckpointIO
 from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.compat import lightning as lightning_compat
 from pretrain.config.run import TrainingRun, check_checkpoint
+from pretrain.training.callbacks.best import BestCheckpoints
 from pretrain.training.callbacks.garbage import ScheduledGarbageCollection
 from pretrain.training.callbacks.guards import StepGuard, build_guards
 from pretrain.training.callbacks.host_sync import SyncCheck, allowed
@@ -154,7 +155,7 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
         )  # sets an unset mode from the metric's name (fit's set-up did already)
         leaf = run.checkpoint.monitor.rsplit("/", 1)[-1]
         callbacks.append(
-            ModelCheckpoint(
+            BestCheckpoints(
                 dirpath=directory,
                 filename=f"best-step{{step}}-{leaf}{{{run.checkpoint.monitor}:.4f}}",
                 auto_insert_metric_name=False,

@@ -95,3 +95,40 @@ def test_outside_retention_names_only_best_checkpoints_the_callback_dropped(tmp_
     best.best_k_models = {str(tmp_path / "best-step4.ckpt"): 1.0}  # step 2 was the k-th best, now dropped
     trainer = SimpleNamespace(checkpoint_callbacks=[best, last])
     assert outside_retention(trainer) == [tmp_path / "best-step2.ckpt"]
+
+
+def test_a_moved_run_directory_keeps_its_best_checkpoints_on_resume(tmp_path):
+    """A run copied or moved to another directory and resumed: Lightning forgot the best-k record (the resumed
+    run of `save_top_k: 1` kept a second "best" file and reported a worse checkpoint as its best); the record now
+    follows the files by name, and one that is not in the new directory is dropped."""
+    import torch
+
+    from pretrain.training.trainer import build_callbacks
+
+    run, _ = load(f"run_dir={tmp_path / 'new'}", "checkpoint.save_top_k=2")
+    (best,) = [cb for cb in build_callbacks(run) if isinstance(cb, ModelCheckpoint)]
+    old, new = tmp_path / "old" / "checkpoints", Path(best.dirpath)
+    new.mkdir(parents=True)
+    for name in ("best-step2.ckpt", "best-step4.ckpt"):
+        (new / name).write_text("x")
+    scores = {"best-step2.ckpt": 6.5, "best-step4.ckpt": 6.7, "best-step6.ckpt": 6.4}  # step 6: not copied
+    written = ModelCheckpoint(dirpath=old, monitor="val/loss", save_top_k=2)
+    assert best.state_key == written.state_key  # the record of a checkpoint Lightning's own callback wrote
+    saved = written.state_dict()
+    saved.update(
+        best_k_models={str(old / n): torch.tensor(s) for n, s in scores.items()},
+        best_model_path=str(old / "best-step6.ckpt"),
+        best_model_score=torch.tensor(6.4),
+        kth_best_model_path=str(old / "best-step4.ckpt"),
+        kth_value=torch.tensor(6.7),
+    )
+    with pytest.warns(UserWarning, match="1 best checkpoint"):
+        best.load_state_dict(saved)
+    assert {Path(p).name: float(s) for p, s in best.best_k_models.items()} == pytest.approx(
+        {"best-step2.ckpt": 6.5, "best-step4.ckpt": 6.7}
+    )
+    assert (best.best_model_path, float(best.best_model_score)) == (str(new / "best-step2.ckpt"), 6.5)
+    assert (best.kth_best_model_path, float(best.kth_value)) == (
+        str(new / "best-step4.ckpt"),
+        pytest.approx(6.7),
+    )
