@@ -110,8 +110,10 @@ def merge(paths: Sequence[str | Path], out: str | Path, weights: Sequence[float]
     """Write ``sum_i weights[i] * state_dict_i`` (float32 accumulation, in order) of ``paths`` to ``out``."""
     files = [Path(p) for p in paths]
     coefficients = check_weights(weights, len(files))
-    check_mergeable(files)
     out = Path(out)
+    if out.exists():  # an input, or a run's last.ckpt: a merge is weights only, the run's state would be lost
+        raise InputError(f"--out {out} exists; merge into a new path (nothing is overwritten)")
+    check_mergeable(files)
     with contextlib.ExitStack() as stack:
         inputs = [stack.enter_context(_Weights(p)) for p in files]
         names = list(inputs[0].tensors)

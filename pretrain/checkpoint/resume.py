@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpoint.io import DEEPSPEED_LATEST, METADATA, kind, read
+from pretrain.checkpoint.io import DEEPSPEED_LATEST, METADATA, PAYLOAD, kind, read
 from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
 
@@ -76,14 +76,38 @@ def find_resume(checkpoint_dir: str | Path, hpc_dir: str | Path | None = None) -
         except (ValueError, OSError):
             _skip(path)
     for *_, path in sorted(ranked, reverse=True):
-        if is_valid(path):
+        if not is_valid(path):
+            _skip(path)
+        elif weights_only(path):
+            warnings.warn(f"resume=auto: skipping {path}: {weights_only(path)}", stacklevel=2)
+        else:
             return path
-        _skip(path)
     if candidates:
         raise InputError(
             f"resume=auto: no valid checkpoint among {sorted(p.name for p in candidates)} in {directory}"
         )
     return None
+
+
+def weights_only(path: Path) -> str | None:
+    """What ``path`` is when it holds a model's weights but no training state to resume (a ``pretrain merge``
+    output: no optimizer state), else None. Sharded directories always hold the training state."""
+    if path.is_dir():
+        return None
+    state = read(path, mmap=True)
+    if "optimizer_states" in state:
+        return None
+    merged = isinstance(state.get(PAYLOAD), dict) and "merged_from" in state[PAYLOAD]
+    return f"weights only{' (a `pretrain merge` output)' if merged else ''}, no optimizer state to resume"
+
+
+def check_trainable(ckpt: Path) -> None:
+    """``InputError`` when training cannot resume from ``ckpt`` (weights only); before anything heavy runs."""
+    if what := weights_only(ckpt):
+        raise InputError(
+            f"resume={ckpt} holds {what}; start a run from its weights with init.checkpoint={ckpt} and "
+            "resume=null (or name=NEW)"
+        )
 
 
 def _skip(path: Path) -> None:

@@ -98,7 +98,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
 
 def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     from pretrain.checkpoint.io import payload
-    from pretrain.checkpoint.resume import check_resumable, compare_for_resume
+    from pretrain.checkpoint.resume import check_resumable, check_trainable, compare_for_resume
     from pretrain.finetuning.checkpoint import FINETUNE_RESUME
     from pretrain.finetuning.lora import parameter_counts
     from pretrain.training.setup import resume_path
@@ -108,6 +108,7 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     changes: list[str] = []
     if ckpt is not None:  # before the backbone and the data are read
         check_resumable(cfg.strategy.name, ckpt)
+        check_trainable(ckpt)
         saved, current = payload(ckpt), {"finetune": dataclasses.asdict(cfg)}
         changes = compare_for_resume(FINETUNE_RESUME, saved, current, cfg.resume_allow, ckpt)
     parts = build_parts(cfg)

@@ -357,7 +357,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
 
     from pretrain.checkpoint.convert import initial_weights
     from pretrain.checkpoint.io import data_position, payload
-    from pretrain.checkpoint.resume import check_compatible
+    from pretrain.checkpoint.resume import check_compatible, check_trainable
     from pretrain.datamodules.prepare import read_meta
     from pretrain.datamodules.tokenizer import load_tokenizer
     from pretrain.io import exchanges_atomically
@@ -379,6 +379,8 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
     wandb_id, changes = None, []
     data_keys = {s.name: corpus_key(read_meta(s.prepared)) for s in run.data.sources}
     if ckpt is not None:
+        if training:
+            check_trainable(ckpt)
         saved = payload(ckpt)
         check_compatible(saved["config"]["model"], resolved["model"], ckpt)
         current = {"config": resolved, "tokenizer_json": tokenizer.to_str(), "data_keys": data_keys}

@@ -131,3 +131,31 @@ def test_pretrain_merge_writes_the_library_merge_and_refuses_bad_weights_in_one_
     line = one_error_line(capsys, "merge", *paths, "--out", tmp_path / "m.ckpt", "--weights", "0.5,0.4")
     assert "--weights sum to 0.9, not 1" in line
     assert not (tmp_path / "m.ckpt").exists()
+
+
+def test_a_merge_overwrites_nothing_and_is_never_resumed(tmp_path):
+    """`pretrain merge A B --out A` replaced the run's last.ckpt with weights only (its optimizer and data state
+    lost), and resume=auto took a merged file of the highest step in a run's checkpoints: a KeyError from
+    Lightning after the set-up. Now --out must be new, resume=auto skips a merged file with a warning, and
+    resume=MERGED is refused in one line naming init.checkpoint."""
+    from pretrain.checkpoint.resume import check_trainable, find_resume
+
+    run = tmp_path / "checkpoints"
+    run.mkdir()
+    a, b = as_file(run, "a.ckpt", checkpoint(1)), as_file(tmp_path, "b.ckpt", checkpoint(2))
+    before = a.read_bytes()
+    with pytest.raises(
+        ValueError, match=r"--out .*a.ckpt exists; merge into a new path \(nothing is overwritten\)"
+    ):
+        merge([a, b], a)
+    assert a.read_bytes() == before
+    merged = merge([a, b], run / "merged.ckpt")  # step 2 (b's), above a's step 1
+    with pytest.warns(
+        UserWarning, match=r"skipping .*merged.ckpt: weights only \(a `pretrain merge` output\)"
+    ):
+        assert find_resume(run) == a
+    with pytest.raises(
+        ValueError, match=r"holds weights only .*; start a run from its weights with init.checkpoint="
+    ):
+        check_trainable(merged)
+    check_trainable(a)
