@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from pretrain.errors import InputError
-from pretrain.ladder.plan import PLAN_FILE
+from pretrain.ladder.plan import PLAN_FILE, load_ladder
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,12 +48,20 @@ def main(args: argparse.Namespace) -> int:
         _, refitted = refit(as_dir, args.allow_failed)
         print(fit_text(as_dir, refitted))
         return 0
-    if args.out is None:
-        raise InputError("pretrain ladder RECIPE needs --out DIR (where the cells, ladder.json and plots go)")
-    if args.budget is not None:
+    if args.budget is not None and args.out is not None:
         raise InputError(
             f"--budget reads a finished ladder: pretrain ladder {args.out} --budget {args.budget:g}"
         )
+    if args.budget is not None:
+        raise InputError(
+            f"--budget reads a finished ladder directory; {as_dir} is not one (no {as_dir / PLAN_FILE}): train "
+            "the ladder first with pretrain ladder RECIPE --out DIR"
+        )
+    if args.out is None:
+        raise InputError("pretrain ladder RECIPE needs --out DIR (where the cells, ladder.json and plots go)")
+    load_ladder(
+        args.recipe, args.overrides
+    )  # its `ladder:` section checked before a tokenizer or corpus is made
     for verb in ("tokenizer", "prepare"):  # cached: reused when present and up to date
         if args.run_verb([verb, args.recipe, *args.overrides]) != 0:
             return 2

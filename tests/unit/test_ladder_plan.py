@@ -115,3 +115,19 @@ def test_the_fit_names_failed_and_unfinished_cells(tmp_path):
         ValueError, match=r"^the cells mix objectives \['clm', 'mlm'\]: fit one ladder per objective"
     ):
         finished(plan, allow_failed=True)
+
+
+def test_a_recipe_without_a_ladder_is_refused_before_a_tokenizer_or_corpus_is_made(
+    tmp_path, monkeypatch, capsys
+):
+    """`pretrain ladder gpt-tiny --out DIR` trained the tokenizer and prepared the corpus before saying the recipe
+    has no `ladder:` section; `pretrain ladder MISSING --budget F` asked for --out instead of naming the missing
+    ladder directory."""
+    from training_utils import one_error_line
+
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(capsys, "ladder", "gpt-tiny", "--out", tmp_path / "ladder")
+    assert "the recipe has no `ladder:` section" in line
+    assert not (tmp_path / "runs").exists()  # no tokenizer, no prepared corpus
+    line = one_error_line(capsys, "ladder", tmp_path / "nope", "--budget", "1e13")
+    assert f"--budget reads a finished ladder directory; {tmp_path / 'nope'} is not one" in line
