@@ -329,6 +329,11 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
             except InputError:
                 continue
         raise InputError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if value is None and tp is not Any and not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        raise InputError(
+            f"{path}: needs a value ({_type_name(tp) if origin is not Literal else list(args)}), got none (an "
+            f"empty override `{path}=` or null); give one, or drop the override to keep the recipe's"
+        )
     if origin is Literal:
         if value in args or (isinstance(value, int) and str(value) in args):
             return value if value in args else str(value)

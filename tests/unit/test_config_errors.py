@@ -34,6 +34,9 @@ def test_a_run_name_cannot_escape_the_runs_directory(capsys, tmp_path, monkeypat
         ('name="a\\nb"', "no '/', '\\', '..' or control characters such as a line break"),
         ("eval_during_fit.tasks=[copa,copa]", "eval_during_fit.tasks lists ['copa'] twice"),
         ("trainer={max_steps: 1", "override 'trainer={max_steps: 1': the value is not valid YAML"),
+        # an empty value (`name=` is null) for a key that needs one: named as such, not "got NoneType None"
+        ("name=", "name: needs a value (str), got none (an empty override `name=` or null)"),
+        ("trainer.max_steps=", "trainer.max_steps: needs a value (int), got none"),
         (
             "tr\u0430iner.max_steps=1",
             "'\u0430' (U+0430 CYRILLIC SMALL LETTER A) at position 3; retype it (did you mean trainer",
