@@ -126,6 +126,12 @@ from pretrain.checkpoint.io import EMA_KEY, atomic_directory
 from pretrain.parallel.mesh import ParallelDims, RunMesh
 
 
+def without_anonymous(logger: Any) -> None:
+    """Drop the ``anonymous`` argument Lightning's ``WandbLogger`` passes ``wandb.init`` (None unless asked for):
+    wandb (0.31.0 here) prints "The anonymous setting has no effect" for it on every run, whatever its value."""
+    logger._wandb_init.pop("anonymous", None)
+
+
 def should_update_logs(trainer: Any) -> bool:
     """Whether this step is one Lightning logs (``log_every_n_steps``)."""
     return trainer._logger_connector.should_update_logs

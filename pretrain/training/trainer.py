@@ -53,6 +53,7 @@ class StepWandbLogger(WandbLogger):
 
     def __init__(self, steps_file: Path, **kwargs: Any):
         super().__init__(**kwargs)
+        lightning_compat.without_anonymous(self)  # a library notice on every run
         self.steps_file = steps_file
         self._floor: int | None = None  # steps below it were sent by earlier launches of this run
         self._skipped: list[int] = []

@@ -56,6 +56,9 @@ def test_loggers(tmp_path, monkeypatch):
         and wandb._wandb_init["tags"] == ["a", "b"]
     )
     assert wandb._wandb_init["name"] == "gpt-tiny"
+    assert (
+        "anonymous" not in wandb._wandb_init
+    )  # wandb printed "The anonymous setting has no effect" every run
     assert Path(loggers[1].log_dir).parent == tmp_path / "logs"
 
 
