@@ -7,6 +7,7 @@ the model, consolidated from the run's checkpoint under any strategy; loaded wit
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -63,12 +64,25 @@ DATA_KEYS = (
     "max_length",
     "max_target_length",
 )
+
+
+def _backbone(payload: dict[str, Any]) -> dict[str, Any]:
+    """``init.checkpoint`` and ``init.tokenizer`` as the files they name (``./x``, ``x``, an absolute path or a
+    link to it are one backbone; a hub name or a missing file as written), ``init.model`` as given."""
+    values = config_keys("finetune", "init.checkpoint", "init.tokenizer", "init.model")(payload)
+    for key in ("init.checkpoint", "init.tokenizer"):
+        path = values[key]
+        if isinstance(path, str) and os.path.exists(os.path.expanduser(path)):
+            values[key] = os.path.realpath(os.path.expanduser(path))
+    return values
+
+
 FINETUNE_RESUME = (
     Compared(None, "`seed`", config_keys("finetune", "seed"), "the example order follows the seed"),
     Compared(
         None,
         "`init` (`checkpoint`, `tokenizer`, `model`): the backbone the weights descend from",
-        config_keys("finetune", "init.checkpoint", "init.tokenizer", "init.model"),
+        _backbone,
         "the weights and `finetuned.pt` would name another backbone than the one trained",
     ),
     Compared(

@@ -82,3 +82,26 @@ def test_muon_trains_the_adapters_and_a_resume_reinitialises_the_optimizer(capsy
 def test_fit_only_trainer_settings_are_refused(capsys, finetuned):
     line = one_error_line(capsys, "finetune", finetuned["recipe"], "trainer.float8=true")
     assert "trainer.float8 is a `pretrain fit` option" in line  # before: accepted, no float8
+
+
+def test_one_backbone_however_its_path_is_spelled(tmp_path, monkeypatch):
+    """init.checkpoint=./runs/a/last.ckpt against a checkpoint that recorded runs/a/last.ckpt (or an absolute path,
+    or a link to the file) was refused as "another backbone", which resume_allow cannot pass: the same file is
+    one backbone; another file is still refused."""
+    from pretrain.checkpoint.resume import compare_for_resume
+    from pretrain.finetuning.checkpoint import FINETUNE_RESUME
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.ckpt").write_text("x")
+    (tmp_path / "b.ckpt").write_text("y")
+    (tmp_path / "link.ckpt").symlink_to(tmp_path / "runs" / "a.ckpt")
+
+    def payload(checkpoint: str) -> dict:
+        return {"finetune": {"seed": 0, "init": {"checkpoint": checkpoint, "tokenizer": None, "model": None}}}
+
+    saved = payload("runs/a.ckpt")
+    for same in ("./runs/a.ckpt", str(tmp_path / "runs" / "a.ckpt"), "link.ckpt"):
+        assert compare_for_resume(FINETUNE_RESUME[:2], saved, payload(same), [], "last.ckpt") == []
+    with pytest.raises(ValueError, match=r"init.checkpoint: checkpoint '.*runs/a.ckpt' vs config '.*b.ckpt'"):
+        compare_for_resume(FINETUNE_RESUME[:2], saved, payload("b.ckpt"), [], "last.ckpt")
