@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
+import struct
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -79,14 +80,26 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         os.close(dir_fd)
 
 
+# what the weights-only unpickler raises on a file that is no pickle at all (a text file: IndexError, KeyError)
+GARBAGE = (IndexError, KeyError, TypeError, AttributeError, UnicodeDecodeError, struct.error)
+
+
 def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
     """``torch.load(weights_only=True)`` of a single-file checkpoint, with a clear error when it is unreadable."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
     try:
-        return torch.load(path, map_location=map_location or "cpu", weights_only=True, mmap=mmap)
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, pickle.UnpicklingError) as err:
+        loaded = torch.load(path, map_location=map_location or "cpu", weights_only=True, mmap=mmap)
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        zipfile.BadZipFile,
+        ValueError,
+        pickle.UnpicklingError,
+        *GARBAGE,
+    ) as err:
         # torch's own message goes on to advise weights_only=False, which would run the file's code: not shown
         if "unsupported global" in str(err).lower():
             raise InputError(
@@ -94,6 +107,9 @@ def read(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> 
                 f"load refuses; it was not written by `pretrain fit` (or was altered) and is not loaded"
             ) from err
         raise InputError(f"checkpoint {path} is unreadable (truncated, corrupt or not a checkpoint)") from err
+    if not isinstance(loaded, dict):
+        raise InputError(f"{path} holds a {type(loaded).__name__}, not a checkpoint (which is a mapping)")
+    return loaded
 
 
 @contextmanager

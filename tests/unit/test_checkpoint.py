@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 import warnings
 from pathlib import Path
 
@@ -71,6 +72,32 @@ def test_read_is_weights_only(tmp_path):
     assert "weights_only=False" not in str(err.value)  # torch's advice would run the file's code
     with pytest.raises(FileNotFoundError):
         read(tmp_path / "missing.ckpt")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            b"sentence\tlabel\nhello\tx\n",
+            "is unreadable (truncated, corrupt or not a checkpoint)",
+        ),  # IndexError
+        (b"hello world\n", "is unreadable (truncated, corrupt or not a checkpoint)"),  # KeyError 101
+        (
+            None,
+            "holds a Tensor, not a checkpoint (which is a mapping)",
+        ),  # later: KeyError/TypeError of a caller
+    ],
+)
+def test_a_file_that_is_no_checkpoint_is_one_line_for_every_reader(tmp_path, content, message):
+    """`pretrain generate notes.tsv` (and evaluate, fit/finetune's init.checkpoint) ended in the unpickler's
+    IndexError traceback; export and convert, which went another way, said "unreadable"."""
+    path = tmp_path / "x.ckpt"
+    if content is None:
+        torch.save(torch.zeros(3), path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read(path)
 
 
 def test_validity_detects_truncation_and_flipped_bytes(tmp_path):
