@@ -54,12 +54,13 @@ def load_config(target: str, overrides: list[str], flags: dict[str, Any]) -> Eva
     config = structured(EvalConfig, raw)
     if config.limit is not None and config.limit < 1:
         raise InputError(
-            f"limit must be >= 1 (the first N examples of each task), got {config.limit}; omit it for all"
+            f"limit (--limit) must be >= 1 (the first N examples of each task), got {config.limit}; omit it "
+            "for all"
         )
     if config.num_fewshot is not None and config.num_fewshot < 0:
-        raise InputError(f"num_fewshot must be >= 0, got {config.num_fewshot}")
+        raise InputError(f"num_fewshot (--num-fewshot) must be >= 0, got {config.num_fewshot}")
     if config.batch_size < 1:
-        raise InputError(f"batch_size must be >= 1 (--batch-size), got {config.batch_size}")
+        raise InputError(f"batch_size (--batch-size) must be >= 1, got {config.batch_size}")
     if config.max_length is not None and config.max_length < 4:
         raise InputError(f"max_length must be >= 4 tokens (or null: the model's), got {config.max_length}")
     if not config.checkpoint:

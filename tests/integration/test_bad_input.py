@@ -117,7 +117,7 @@ def test_unreadable_checkpoint_gives_no_unsafe_advice(capsys, tmp_path):
 # ---------------------------------------------------------------------------------------- evaluate
 @pytest.mark.parametrize("limit", [-1, 0])
 def test_evaluate_limit_below_one(capsys, tmp_path, limit):
-    assert "limit must be >= 1" in one_error_line(
+    assert "limit (--limit) must be >= 1" in one_error_line(  # the flag named, as the recipe key
         capsys, "evaluate", tmp_path / "x.ckpt", "--tasks", "copa", "--limit", limit
     )
 
