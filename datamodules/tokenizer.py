@@ -136,8 +136,8 @@ def train_bpe(
     minimum = len(specials) + NUM_BYTES
     if vocab_size < minimum:
         raise InputError(
-            f"vocab_size={vocab_size} is too small: {len(specials)} special tokens + {NUM_BYTES} bytes "
-            f"need at least {minimum}; raise vocab_size"
+            f"tokenizer.vocab_size={vocab_size} is too small: {len(specials)} special tokens + {NUM_BYTES} bytes "
+            f"need at least {minimum}; raise tokenizer.vocab_size"
         )
     sources = resolve_sources(inputs, split)
     docs = iter_documents(sources, document=document, text_field=text_field, on_invalid_utf8=on_invalid_utf8)
