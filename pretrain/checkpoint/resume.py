@@ -220,7 +220,8 @@ def compare_for_resume(
     and the run's ``current`` (a warning says what each means); ``ValueError`` in one line naming every key
     that differs with both values, when any entry is not allowed. Values an older checkpoint does not record
     are not compared."""
-    refused, applied = [], []
+    refused: list[tuple[Compared, list[str]]] = []
+    applied: list[tuple[Compared, list[str]]] = []
     for entry in table:
         before, after = entry.values(saved), entry.values(current)
         diffs = [
@@ -232,28 +233,29 @@ def compare_for_resume(
         if not diffs:
             continue
         if entry.allow is not None and entry.allow in allowed:
-            applied.append(entry.allow)
-            warnings.warn(
-                f"resuming {ckpt} although {'; '.join(diffs)} (resume_allow=[{entry.allow}]): {entry.means}",
-                stacklevel=2,
-            )
+            applied.append((entry, diffs))
         else:
             refused.append((entry, diffs))
     if refused:
         allow = sorted({e.allow for e, _ in refused if e.allow is not None})
         fixed = [e.what for e, _ in refused if e.allow is None]
         remedy = "resume with the checkpoint's settings, or start a new run (name=NEW or resume=null)"
-        if allow:
+        if allow and not fixed:  # where a change nothing allows is refused too, resume_allow would not help
             remedy += (
                 f", or pass resume_allow=[{','.join(allow)}] ("
                 + "; ".join(f"{e.allow}: {e.means}" for e, _ in refused if e.allow is not None)
                 + ")"
             )
         if fixed:
-            remedy += f" ({' and '.join(fixed)} cannot change within a run)"
+            remedy += f" ({' and '.join(fixed)} cannot change within a run{', whatever resume_allow lists' * bool(allow)})"
         listed = "; ".join(d for _, diffs in refused for d in diffs)
         raise InputError(f"cannot resume {ckpt}: {listed}; {remedy}")
-    return applied
+    for entry, diffs in applied:  # only once the resume goes ahead
+        warnings.warn(
+            f"resuming {ckpt} although {'; '.join(diffs)} (resume_allow=[{entry.allow}]): {entry.means}",
+            stacklevel=2,
+        )
+    return [entry.allow for entry, _ in applied if entry.allow is not None]
 
 
 def _differences(path: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:

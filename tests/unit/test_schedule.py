@@ -251,3 +251,16 @@ def test_an_edited_mixture_schedule_is_refused_or_applied_from_the_resumed_step(
         compared("data.micro_batch_size=3", allow=("data_schedule",))
     with pytest.raises(ValueError, match="data.schedule has phases: checkpoint True vs config False"):
         compared("data.schedule.phases=[]", allow=("data_schedule",))
+
+
+def test_a_refusal_suggests_no_resume_allow_it_would_not_pass(recwarn):
+    """Dropping a run's schedule differs in data.schedule (allowable) and in whether it has phases (never): the
+    line suggested resume_allow=[data_schedule], and that resume then warned "resuming ... although" before it
+    was refused all the same. Now the line says nothing resume_allow lists passes it, and a refused resume
+    warns of nothing."""
+    with pytest.raises(ValueError, match="cannot change within a run, whatever resume_allow lists") as err:
+        compared("data.schedule.phases=[]")
+    assert "data.schedule: checkpoint" in str(err.value) and "pass resume_allow" not in str(err.value)
+    with pytest.raises(ValueError, match="data.schedule has phases: checkpoint True vs config False"):
+        compared("data.schedule.phases=[]", allow=("data_schedule",))
+    assert not [w for w in recwarn if "resuming" in str(w.message)]
