@@ -101,10 +101,12 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     from pretrain.checkpoint.resume import check_resumable, check_trainable, compare_for_resume
     from pretrain.finetuning.checkpoint import FINETUNE_RESUME
     from pretrain.finetuning.lora import parameter_counts
-    from pretrain.training.setup import resume_path
+    from pretrain.training.setup import resume_path, set_aside_checkpoints
     from pretrain.training.trainer import build_trainer
 
     ckpt = resume_path(cfg)
+    if cfg.resume is None:
+        set_aside_checkpoints(cfg)
     changes: list[str] = []
     if ckpt is not None:  # before the backbone and the data are read
         check_resumable(cfg.strategy.name, ckpt)

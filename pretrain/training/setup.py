@@ -155,6 +155,36 @@ def _as_last(done: Path, last: Path) -> Path:
     return last
 
 
+def set_aside_checkpoints(run: TrainingRun) -> Path | None:
+    """``resume=null`` in a run directory that holds checkpoints (an earlier run under this name): move them into
+    ``checkpoints/replaced-<time>/``, where ``resume=auto`` does not look. Left in place, the earlier run's
+    checkpoint of a higher step was later resumed as this run's (and copied over its ``last.ckpt``). Nothing is
+    deleted; the other ranks of a launch leave it to the first. The directory moved to, or None."""
+    import os
+    import time
+    import warnings
+
+    from pretrain.io import RANK_VARIABLES
+
+    directory = Path(run.checkpoint_dir)
+    earlier = sorted(directory.glob("[!.]*.ckpt")) if directory.is_dir() else []
+    earlier += sorted(Path(run.run_path).glob("hpc_ckpt_*.ckpt")) if Path(run.run_path).is_dir() else []
+    if not earlier or any(os.environ.get(name, "0") not in ("", "0") for name in RANK_VARIABLES):
+        return None
+    aside = directory / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    while aside.exists():
+        aside = aside.with_name(f"{aside.name}-{secrets.token_hex(2)}")
+    aside.mkdir(parents=True)
+    for path in earlier:
+        os.replace(path, aside / path.name)
+    warnings.warn(
+        f"resume=null: the {len(earlier)} checkpoint(s) of an earlier run in {run.run_path} moved to {aside} "
+        "(resume=auto would have taken them for this run's); delete it once you do not need them",
+        stacklevel=2,
+    )
+    return aside
+
+
 def resume_path(run: TrainingRun) -> Path | None:
     """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
     checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
@@ -376,6 +406,8 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
     objective = build_objective(run, tokenizer)
     datamodule = build_data(run, objective, tokenizer)
     ckpt = resume_path(run)
+    if training and run.resume is None:
+        set_aside_checkpoints(run)
     wandb_id, changes = None, []
     data_keys = {s.name: corpus_key(read_meta(s.prepared)) for s in run.data.sources}
     if ckpt is not None:

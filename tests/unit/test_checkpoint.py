@@ -332,6 +332,31 @@ def test_a_finished_runs_best_checkpoint_newer_than_last_becomes_last(tmp_path):
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best-step8.ckpt", "last.ckpt"]
 
 
+def test_a_fresh_run_under_an_earlier_runs_name_never_resumes_its_checkpoints(tmp_path, monkeypatch):
+    """`pretrain fit ... resume=null` where an earlier run under the name left checkpoints (best-step4), then the
+    same command again: resume=auto took the earlier run's step 4 for this run's (and copied it over this run's
+    last.ckpt of step 2). A fresh run now moves the earlier checkpoints aside, deleting none."""
+    from types import SimpleNamespace
+
+    from pretrain.training.setup import resume_path, set_aside_checkpoints
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    save(checkpoints / "last.ckpt", 4, 100)
+    save(checkpoints / "best-step4.ckpt", 4, 100)
+    save(tmp_path / "hpc_ckpt_1.ckpt", 4, 100)
+    run = SimpleNamespace(resume=None, checkpoint_dir=checkpoints, run_dir=tmp_path, run_path=tmp_path)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # another rank of a launch leaves it to the first
+    assert set_aside_checkpoints(run) is None
+    monkeypatch.delenv("LOCAL_RANK")
+    with pytest.warns(UserWarning, match="3 checkpoint.* of an earlier run .* moved to"):
+        aside = set_aside_checkpoints(run)
+    assert sorted(p.name for p in aside.iterdir()) == ["best-step4.ckpt", "hpc_ckpt_1.ckpt", "last.ckpt"]
+    save(checkpoints / "last.ckpt", 2, 200)  # the fresh run's own
+    run.resume, run.trainer = "auto", SimpleNamespace(max_steps=4)
+    assert resume_path(run) == checkpoints / "last.ckpt" and checkpoint_step(checkpoints / "last.ckpt") == 2
+
+
 def test_checkpoint_readers_import_no_lightning():
     """``pretrain.checkpoint`` (but ``lightning_io``) imports no Lightning: a verb may import it before
     ``pretrain.compat.lightning``, which must run before Lightning's first import (torchmetrics without extras)."""
