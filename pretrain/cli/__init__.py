@@ -106,6 +106,15 @@ def with_environment_overrides(handler: Callable[[Any], int], args: argparse.Nam
     from pretrain.errors import InputError
 
     from_environment = environment_overrides()
+    for given in args.overrides:  # the variable wins, as its purpose is; a setting replaced is said so
+        key = given.lstrip("~").partition("=")[0]
+        for item in from_environment:
+            other = item.lstrip("~").partition("=")[0]
+            if key and (key == other or key.startswith(other + ".") or other.startswith(key + ".")):
+                print(
+                    f"pretrain {args.command}: {OVERRIDES_VARIABLE} sets {item} over the command line's {given}",
+                    file=sys.stderr,
+                )
     args.overrides = [*args.overrides, *from_environment]
     try:
         return handler(args)

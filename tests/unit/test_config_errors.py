@@ -78,6 +78,24 @@ def test_pretrain_overrides_errors_say_where_the_value_came_from(capsys, monkeyp
     assert message in line and "PRETRAIN_OVERRIDES=" in line
 
 
+def test_a_command_line_setting_the_variable_replaces_is_said_so(capsys, monkeypatch):
+    """PRETRAIN_OVERRIDES=trainer.max_steps=7 with `pretrain fit ... trainer.max_steps=3`: the run took 7 without
+    a word (a variable left exported from another shell silently overrode what the command says)."""
+    from pretrain.cli import main
+
+    monkeypatch.setenv("PRETRAIN_OVERRIDES", "trainer.max_steps=7 seed=3")
+    assert (
+        main(["fit", str(GPT_TINY), "trainer.max_steps=3", "logger.wandb.enabled=false", "--print-config"])
+        == 0
+    )
+    out, err = capsys.readouterr()
+    assert "  max_steps: 7" in out
+    lines = [line for line in err.splitlines() if "PRETRAIN_OVERRIDES sets" in line]
+    assert lines == [
+        "pretrain fit: PRETRAIN_OVERRIDES sets trainer.max_steps=7 over the command line's trainer.max_steps=3"
+    ]
+
+
 def test_a_recipe_beyond_omegaconfs_node_limit_loads(tmp_path):
     """10,001 input files: past OmegaConf's 10,000-node YAML limit (before: its alias-bomb error, naming no key)."""
     from pretrain.config.compose import load_yaml
