@@ -4,6 +4,7 @@ model-compatibility check, and which strategy restores which checkpoint layout."
 from __future__ import annotations
 
 import json
+import os
 import warnings
 import zipfile
 from collections.abc import Callable, Sequence
@@ -159,6 +160,20 @@ class Compared:
 def config_keys(section: str, *keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """``values`` of ``Compared``: ``keys`` (dotted) of the resolved config under ``payload[section]``."""
     return lambda payload: {key: at(payload.get(section, {}), key) for key in keys}
+
+
+def file_keys(section: str, *keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """:func:`config_keys` of keys naming files, compared as the files they name: ``./x``, ``x``, an absolute path
+    or a link to it are one file (where it exists; a hub name or a missing file as written)."""
+
+    def values(payload: dict[str, Any]) -> dict[str, Any]:
+        out = config_keys(section, *keys)(payload)
+        for key, path in out.items():
+            if isinstance(path, str) and os.path.exists(os.path.expanduser(path)):
+                out[key] = os.path.realpath(os.path.expanduser(path))
+        return out
+
+    return values
 
 
 MUON_SETTINGS = ("momentum", "nesterov", "ns_steps", "weight_decay", "adjust_lr")  # ns_dtype: how, not what

@@ -7,7 +7,6 @@ the model, consolidated from the run's checkpoint under any strategy; loaded wit
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from pretrain.checkpoint.resume import (
     Compared,
     at,
     config_keys,
+    file_keys,
     lr_schedule_values,
     optimizer_values,
 )
@@ -67,14 +67,9 @@ DATA_KEYS = (
 
 
 def _backbone(payload: dict[str, Any]) -> dict[str, Any]:
-    """``init.checkpoint`` and ``init.tokenizer`` as the files they name (``./x``, ``x``, an absolute path or a
-    link to it are one backbone; a hub name or a missing file as written), ``init.model`` as given."""
-    values = config_keys("finetune", "init.checkpoint", "init.tokenizer", "init.model")(payload)
-    for key in ("init.checkpoint", "init.tokenizer"):
-        path = values[key]
-        if isinstance(path, str) and os.path.exists(os.path.expanduser(path)):
-            values[key] = os.path.realpath(os.path.expanduser(path))
-    return values
+    """``init.checkpoint`` and ``init.tokenizer`` as the files they name, ``init.model`` as given."""
+    files = file_keys("finetune", "init.checkpoint", "init.tokenizer")(payload)
+    return files | config_keys("finetune", "init.model")(payload)
 
 
 FINETUNE_RESUME = (

@@ -21,6 +21,7 @@ from pretrain.checkpoint.resume import (
     at,
     compare_for_resume,
     config_keys,
+    file_keys,
     lr_schedule_values,
     optimizer_values,
 )
@@ -299,6 +300,12 @@ _SEED = Compared(
 )
 FIT_RESUME = (
     _SEED,
+    Compared(
+        None,
+        "`init.checkpoint`: the weights the run started from",
+        file_keys("config", "init.checkpoint"),
+        "the run's checkpoints would name another starting point than the one its weights descend from",
+    ),
     Compared(
         "tokenizer",
         "the tokenizer (`tokenizer.json`)",

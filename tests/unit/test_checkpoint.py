@@ -369,3 +369,26 @@ def test_checkpoint_readers_import_no_lightning():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_fit_resume_compares_the_checkpoint_its_weights_started_from(tmp_path, monkeypatch):
+    """Resuming a run started with init.checkpoint=A under init.checkpoint=B was silently accepted: the weights
+    continued from A's descendants while every later checkpoint recorded B. Now refused in one line; A spelled
+    otherwise (./A, an absolute path) is the same file."""
+    from pretrain.training.setup import FIT_RESUME, compare_for_resume
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.ckpt").write_text("a")
+    (tmp_path / "b.ckpt").write_text("b")
+
+    def payload(init: str | None) -> dict:
+        return {"config": {"seed": 1, "init": {"checkpoint": init}}}
+
+    table = FIT_RESUME[:2]  # seed, init.checkpoint
+    for same in ("./a.ckpt", str(tmp_path / "a.ckpt")):
+        assert compare_for_resume(table, payload("a.ckpt"), payload(same), [], "last.ckpt") == []
+    for other in ("b.ckpt", None):
+        with pytest.raises(
+            ValueError, match=r"init.checkpoint: checkpoint '.*a.ckpt' vs config .*cannot change"
+        ):
+            compare_for_resume(table, payload("a.ckpt"), payload(other), ["optimizer"], "last.ckpt")
