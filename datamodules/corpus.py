@@ -185,6 +185,10 @@ def _load_hub(location: str, split: str):
         ) from err
 
 
+class MissingInput(FileNotFoundError):
+    """A corpus input (a path or a pattern) that names no file: the caller says which recipe key listed it."""
+
+
 def resolve_sources(
     inputs: str | os.PathLike | Iterable[str | os.PathLike], split: str = "train"
 ) -> list[Source]:
@@ -202,7 +206,7 @@ def resolve_sources(
         if any(ch in text for ch in "*?["):
             matches = sorted(glob.glob(str(path), recursive=True))
             if not matches:
-                raise FileNotFoundError(f"the pattern {text!r} matches no files")
+                raise MissingInput(f"the pattern {text!r} matches no files")
             sources += [Source(_kind_of(Path(m)), m) for m in matches if Path(m).is_file()]
         elif path.is_file():
             sources.append(Source(_kind_of(path), str(path)))
@@ -217,7 +221,7 @@ def resolve_sources(
         elif _HUB_NAME.match(text) and _kind_of(path) == "text" and not path.suffix:
             sources.append(Source("hf_hub", text, split))
         else:
-            raise FileNotFoundError(f"corpus input {text!r} does not exist (check the path)")
+            raise MissingInput(f"corpus input {text!r} does not exist (check the path)")
     return sources
 
 

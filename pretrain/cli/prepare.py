@@ -46,11 +46,11 @@ def main(args: argparse.Namespace) -> int:
         if not source.text:
             raise InputError(f"data source {source.name!r} lists no raw text (data.sources[].text)")
     from pretrain.config.run import corpus_settings
-    from pretrain.datamodules.corpus import InvalidUTF8Error
+    from pretrain.datamodules.corpus import InvalidUTF8Error, MissingInput
     from pretrain.datamodules.sources import prepare_source
 
     options = {k: v for k, v in (("partition", args.partition), ("time", args.time)) if v}
-    for source in run.data.sources:
+    for i, source in enumerate(run.data.sources):
         try:
             report = prepare_source(
                 source.name,
@@ -66,5 +66,7 @@ def main(args: argparse.Namespace) -> int:
             )
         except InvalidUTF8Error as err:
             raise InputError(err.with_fix("data.on_invalid_utf8")) from None
+        except MissingInput as err:
+            raise MissingInput(f"data.sources[{i}].text (source {source.name!r}): {err}") from None
         print(report)
     return 0

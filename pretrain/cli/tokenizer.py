@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pretrain.datamodules.corpus import InvalidUTF8Error
+    from pretrain.datamodules.corpus import InvalidUTF8Error, MissingInput
     from pretrain.datamodules.tokenizer import train_bpe
 
     run, _ = config.load(args.recipe, args.overrides)
@@ -45,5 +45,7 @@ def main(args: argparse.Namespace) -> int:
         )
     except InvalidUTF8Error as err:
         raise InputError(err.with_fix("tokenizer.on_invalid_utf8")) from None
+    except MissingInput as err:
+        raise MissingInput(f"tokenizer.train_files: {err}") from None
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens -> {path}")
     return 0

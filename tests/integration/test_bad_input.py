@@ -223,6 +223,19 @@ def test_invalid_utf8_hint_names_the_recipe_key(capsys, tmp_path, tiny_world):
     assert status == 0
 
 
+def test_a_missing_corpus_input_names_the_recipe_key_that_lists_it(capsys, tmp_path, tiny_world):
+    """prepare and tokenizer said "corpus input 'nope.txt' does not exist" without the key that listed it."""
+    data = {
+        "sources": [{"name": "web", "text": [str(tmp_path / "nope.txt")], "prepared": str(tmp_path / "p")}]
+    }
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", data=data)
+    line = one_error_line(capsys, "prepare", recipe)
+    assert "data.sources[0].text (source 'web'): corpus input" in line and "nope.txt' does not exist" in line
+    tokenizer = {"path": str(tmp_path / "t.json"), "train_files": [str(tmp_path / "nope*.txt")]}
+    line = one_error_line(capsys, "tokenizer", tiny_recipe(tmp_path, tiny_world, "gpt", tokenizer=tokenizer))
+    assert "tokenizer.train_files: the pattern" in line and "matches no files" in line
+
+
 def test_empty_validation_hint_names_the_recipe_key(tmp_path, tiny_world):
     from pretrain.datamodules.pretrain import PretrainDataModule
     from pretrain.objectives import build
