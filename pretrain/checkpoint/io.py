@@ -69,7 +69,10 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if path.is_dir():  # a sharded checkpoint under the name (FSDP's last.ckpt, continued by one process)
+            replace_path(Path(tmp), path)
+        else:
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

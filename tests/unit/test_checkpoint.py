@@ -61,6 +61,20 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left behind
 
 
+def test_a_file_checkpoint_replaces_a_sharded_one_of_the_same_name(tmp_path):
+    """An FSDP run (last.ckpt a DCP directory) continued in its run directory by DDP or one device, as documented:
+    the run trained, then its first save failed with "[Errno 21] Is a directory" (os.replace of a file onto a
+    directory), the steps since the checkpoint lost."""
+    from pretrain.checkpoint.io import write_atomically
+
+    last = tmp_path / "last.ckpt"
+    last.mkdir()
+    (last / "meta.pt").write_bytes(b"sharded")
+    write_atomically(last, lambda f: f.write(b"single"))
+    assert last.is_file() and last.read_bytes() == b"single"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # nothing of the directory or the write left
+
+
 def test_read_is_weights_only(tmp_path):
     class Evil:
         def __reduce__(self):
