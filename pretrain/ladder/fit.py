@@ -112,6 +112,15 @@ def grid_starts() -> np.ndarray:
     return np.array(list(itertools.product(GRID["a"], GRID["b"], GRID["e"], GRID["alpha"], GRID["beta"])))
 
 
+MAX_LOG_FLOAT = math.log(np.finfo(float).max)
+
+
+def _representable(x: np.ndarray, value: float) -> bool:
+    """A finite optimum whose E, A and B (exp of its first three parameters) lie within float range: a fit that
+    drifts past log ~709 has diverged."""
+    return bool(np.isfinite(value) and np.all(x[:3] < MAX_LOG_FLOAT))
+
+
 @dataclass(frozen=True)
 class LawFit:
     law: Law
@@ -153,13 +162,16 @@ def fit_law(
         starts = grid[np.argsort(at_grid, kind="stable")[:refine]]
     starts = np.atleast_2d(starts)
     results = [_lbfgs(x0, data, delta) for x0 in starts]
-    values = np.array([v if np.isfinite(v) else np.inf for _, v in results])
+    values = np.array([v if _representable(x, v) else np.inf for x, v in results])
+    if not np.isfinite(values).any():
+        raise InputError(
+            f"no scaling law fits these {len(L)} cells: every fit diverged (E, A or B beyond float range); the "
+            "losses do not fall as a power law in N and D, often because the cells are undertrained: raise the "
+            "budgets (ladder.flops)"
+        )
     order = np.argsort(values, kind="stable")
     best_x, best_value = results[order[0]]
     return LawFit(Law.from_x(best_x), best_x, best_value, starts[order])
-
-
-MAX_LOG_FLOAT = math.log(np.finfo(float).max)
 
 
 def bootstrap_laws(
@@ -182,11 +194,12 @@ def bootstrap_laws(
     for _ in range(samples):
         pick = rng.integers(0, len(loss), len(loss))
         data = (np.log(n[pick]), np.log(d[pick]), np.log(loss[pick]))
-        results = [_lbfgs(x0, data, delta) for x0 in x0s]
-        x, value = min(results, key=lambda r: r[1] if np.isfinite(r[1]) else np.inf)
-        # a resample that drifts to E, A or B beyond float range (its log past ~709) is dropped as a diverged one
-        if np.isfinite(value) and np.all(x[:3] < MAX_LOG_FLOAT):
-            laws.append(Law.from_x(x))
+        # the best optimum a law can represent; a resample whose every fit diverged is dropped
+        kept = [
+            (x, value) for x, value in (_lbfgs(x0, data, delta) for x0 in x0s) if _representable(x, value)
+        ]
+        if kept:
+            laws.append(Law.from_x(min(kept, key=lambda r: r[1])[0]))
     return laws
 
 

@@ -181,7 +181,8 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path, capsys, tiny_wo
     recipe = tiny_recipe(tmp_path, tiny_world, "gpt")
     bert = dataclasses.asdict(ModelConfig(arch="encoder", vocab_size=512, d_model=32, n_layer=2, n_head=2))
     AtomicCheckpointIO().save_checkpoint(
-        {"global_step": 3, "state_dict": {}, PAYLOAD: {"config": {"model": bert}}}, tmp_path / "bert.ckpt"
+        {"global_step": 3, "state_dict": {}, "optimizer_states": [], PAYLOAD: {"config": {"model": bert}}},
+        tmp_path / "bert.ckpt",
     )
     status, _, err = pretrain(capsys, "fit", recipe, f"resume={tmp_path / 'bert.ckpt'}")
     assert (

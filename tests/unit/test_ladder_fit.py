@@ -119,3 +119,28 @@ def test_a_degenerate_law_evaluates_without_numpy_warnings():
     with np.errstate(all="raise"):
         loss = law.loss(np.array([2.2e5, 1e300]), np.array([1e6, 1e6]))
     assert np.isfinite(loss[0]) and np.isinf(loss[1])
+
+
+def test_the_full_fit_keeps_the_best_optimum_a_law_can_represent(monkeypatch):
+    """A start whose optimum drifts past float range (log A = 1000, the lowest objective) is passed over for the
+    best representable one (the T5 ladder's fit ended in `OverflowError: math range error`); when every start
+    diverges the fit is refused in one line naming the fix."""
+    from pretrain.ladder import fit
+
+    N, D = np.array([1e5, 2e5, 4e5, 1e5, 2e5, 4e5]), np.array([1e7, 1e7, 1e7, 4e7, 4e7, 4e7])
+    L = TINY.loss(N, D)
+    starts = np.array([[1.0, 2.0, 0.0, 0.5, 0.5], [3.0, 4.0, 0.1, 0.3, 0.3], [5.0, 5.0, 0.2, 0.2, 0.2]])
+
+    def lbfgs(x0, data, delta):  # the first start "converges" beyond float range at the lowest objective
+        x = np.array(x0, float)
+        if x0[0] == 1.0:
+            x[0] = 1000.0
+            return x, -1.0
+        return x, float(x0[0])
+
+    monkeypatch.setattr(fit, "_lbfgs", lbfgs)
+    best = fit_law(N, D, L, starts=starts)
+    assert best.x[0] == 3.0 and best.law.A == pytest.approx(math.exp(3.0))
+    with pytest.raises(ValueError, match=r"^no scaling law fits these 6 cells: .*ladder\.flops") as err:
+        fit_law(N, D, L, starts=starts[:1])
+    assert "\n" not in str(err.value)
