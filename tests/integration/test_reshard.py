@@ -5,10 +5,11 @@ uninterrupted run's to 1e-6 (relative) and every step reads exactly the samples 
 
 Two launches of gloo ranks. On 2 ranks: the reference (DDP, 24 steps, synchronous saves), the checkpoints of step 4
 (FSDP2 and DDP written by ``checkpoint.async_save``: their first 4 losses are the reference's too; DeepSpeed
-ZeRO-2 and ZeRO-1; FSDP2 x TP=2, one data-parallel rank of micro-batch 8), and their resumes on 2 ranks: FSDP2 ->
-DDP, ZeRO-2 -> DDP, DDP -> ZeRO-3, ZeRO-1 -> DDP. On 1 rank: FSDP2 (2 ranks) -> FSDP2 (1 rank, micro-batch 8),
-ZeRO-2 (2 ranks) -> one device (micro-batch 4, 2 accumulated), TP=2 (2 ranks) -> DDP (1 rank, micro-batch 8). A
-different global batch is refused in one line, or continues with ``resume_allow=[batch]`` where the warning says.
+ZeRO-2 and ZeRO-1; FSDP2 x TP=2 and FSDP2 x CP=2, one data-parallel rank of micro-batch 8), and their resumes on
+2 ranks: FSDP2 -> DDP, ZeRO-2 -> DDP, DDP -> ZeRO-3, ZeRO-1 -> DDP. On 1 rank: FSDP2 (2 ranks) -> FSDP2 (1 rank,
+micro-batch 8), ZeRO-2 (2 ranks) -> one device (micro-batch 4, 2 accumulated), TP=2 and CP=2 (2 ranks) -> DDP
+(1 rank, micro-batch 8). A different global batch is refused in one line, or continues with
+``resume_allow=[batch]`` where the warning says.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ SOURCES = {
     "zero1": ["strategy.name=deepspeed", "strategy.deepspeed.stage=1"],
     # FSDP2 x TP=2 on 2 ranks: one data-parallel rank, reading the 8 samples of a step on both ranks
     "tp2": ["strategy.name=fsdp", "strategy.tensor_parallel=2", "data.micro_batch_size=8"],
+    # FSDP2 x CP=2 on 2 ranks: one data-parallel rank, each sequence of the 8 split over both ranks
+    "cp2": ["strategy.name=fsdp", "strategy.context_parallel=2", "data.micro_batch_size=8"],
 }
 TWO_RANKS = {  # resumed run: (source, overrides)
     "fsdp-to-ddp": ("fsdp", ["strategy.name=ddp"]),
@@ -51,8 +54,12 @@ ONE_RANK = {
     "fsdp-2-to-fsdp-1": ("fsdp", ["strategy.name=fsdp", "data.micro_batch_size=8"]),
     "zero2-2-to-one-device": ("zero2", ["strategy.name=auto", "trainer.accumulate_grad_batches=2"]),
     "tp2-to-ddp-1": ("tp2", ["strategy.name=ddp", "data.micro_batch_size=8"]),
+    "cp2-to-ddp-1": ("cp2", ["strategy.name=ddp", "data.micro_batch_size=8"]),
 }
-DATA_RANKS = {"tp2": "samples.rank0.jsonl"}  # whose samples a run read (default: every rank's)
+DATA_RANKS = {
+    "tp2": "samples.rank0.jsonl",
+    "cp2": "samples.rank0.jsonl",
+}  # whose samples a run read (default: every rank's)
 
 
 def last(root, name):
@@ -105,7 +112,13 @@ def losses(root, name):
 def test_sources_are_async_dcp_directories_and_deepspeed(runs):
     for name in SOURCES:
         assert checkpoint_step(last(runs, name)) == SAVED
-    assert kind(last(runs, "fsdp")) == kind(last(runs, "ddp")) == kind(last(runs, "tp2")) == "dcp"
+    assert (
+        kind(last(runs, "fsdp"))
+        == kind(last(runs, "ddp"))
+        == kind(last(runs, "tp2"))
+        == kind(last(runs, "cp2"))
+        == "dcp"
+    )
     assert kind(last(runs, "zero2")) == kind(last(runs, "zero1")) == "deepspeed"
     reference = losses(runs, "reference")
     for name in SOURCES:  # written in the background or not, the same training
