@@ -38,9 +38,11 @@ import json
 import math
 import os
 import select
+import shlex
 import shutil
 import signal
 import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -322,7 +324,16 @@ def build_executor(kind: str, pipeline: list, tasks: int, workers: int, logging_
     if kind == "slurm":
         from datatrove.executor import SlurmPipelineExecutor
 
-        options = {"time": "24:00:00", "partition": "local", "job_name": "pretrain-prepare", **options}
+        # the array task runs datatrove's `launch_pickled_pipeline` script: from this environment's scripts
+        # folder, which is on no PATH when this process was started as venv/bin/pretrain without activating it
+        scripts = sysconfig.get_path("scripts")
+        options = {
+            "time": "24:00:00",
+            "partition": "local",
+            "job_name": "pretrain-prepare",
+            "env_command": f"export PATH={shlex.quote(scripts)}:$PATH",
+            **options,
+        }
         return SlurmPipelineExecutor(
             pipeline, tasks=tasks, workers=workers, logging_dir=str(logging_dir), **options
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -298,3 +299,21 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, tiny_world):
     finally:
         for pid in _session(launcher.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_slurm_array_task_finds_datatrove_in_this_environment_without_activating_it(tmp_path):
+    """A SLURM array task runs datatrove's `launch_pickled_pipeline` script: with `pretrain` started as
+    venv/bin/pretrain (no venv activated) it was on no PATH in the task (`execve(): launch_pickled_pipeline: No
+    such file or directory`, every task of `pretrain ladder --executor slurm` failed; found with
+    scripts/slurm_one_node.sh). The launch file's environment line now finds it from a bare PATH."""
+    import subprocess
+
+    from pretrain.datamodules.executors import build_executor
+
+    executor = build_executor("slurm", [lambda data, rank, world_size: data], 2, 1, tmp_path / "logs", {})
+    script = executor.get_launch_file_contents({}, "command -v launch_pickled_pipeline")
+    found = subprocess.run(
+        ["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False
+    )
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.split()[-1]).parent == Path(sys.executable).parent
