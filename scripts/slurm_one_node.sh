@@ -6,11 +6,14 @@
 #      time limit): it saves after the step, requeues itself and exits 138; the requeued job resumes
 #      (resume=auto) and finishes.
 # Then: both jobs' final weights must be bitwise equal, and every launch must log the reference's losses.
-# Before the jobs: `pretrain prepare`'s SLURM executor (datatrove job array) must match plain prepare byte for byte.
+# Before the jobs: `pretrain prepare`'s SLURM executor (datatrove job array) must match plain prepare byte for byte,
+# and `pretrain ladder --executor slurm` (a reduced ladder, one array task per cell) must give every cell the final
+# loss of the same ladder run as local processes, then fit and predict its held-out cell.
 # Needs root and Debian's slurm-wlm (apt-get install slurm-wlm; tested with Slurm 22.05). Not in CI: it starts
 # daemons and takes minutes.
 #
 #   bash scripts/slurm_one_node.sh [WORK_DIR]    (default /tmp/pretrain-slurm)
+#   STAGES="prepare ladder jobs" (the default: all three) runs the named stages only
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,10 +61,14 @@ TINY=(model.n_layer=2 model.d_model=64 model.d_ff=256 data.seq_len=64 data.micro
 $PYTHON -m pretrain tokenizer "$REPO/recipes/gpt-tiny.yaml"
 $PYTHON -m pretrain prepare "$REPO/recipes/gpt-tiny.yaml"
 
+STAGES=${STAGES:-prepare ladder jobs}
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+wait_queue() { while squeue -h | grep -q .; do sleep 2; done; }
+
 # `prepare --executor slurm` with dedup exact: the corpus in 2 files -> a 2-task datatrove job array for the scan
 # stage (hashes), then one for the tokenize stage; each rerun of the same call goes on, the last assembles the
-# shards, which must hold, byte for byte, what plain `prepare` writes (PREPARE_ONLY=1 stops here)
-$PYTHON - "$REPO" <<'PY'
+# shards, which must hold, byte for byte, what plain `prepare` writes
+stage prepare && $PYTHON - "$REPO" <<'PY'
 import subprocess, sys, time
 from pathlib import Path
 
@@ -90,7 +97,35 @@ assert meta["cache_key"] == plain["cache_key"] and meta["shards"] == ["00000", "
 assert meta["duplicates_dropped"] == plain["duplicates_dropped"] > 0
 print(f"OK: prepare --executor slurm (2 stages of 2 array tasks, dedup exact) = plain prepare, byte for byte ({meta['splits']}, {meta['duplicates_dropped']} duplicates)")
 PY
-[ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
+
+# `pretrain ladder --executor slurm`: tests/integration/test_ladder.py's reduced ladder (3 sizes x 3 budgets), its
+# 9 cells one array task each; the call returns once submitted, the same call after the array ends fits. The same
+# ladder as local processes is the reference: every cell's final validation loss must be equal.
+if stage ladder; then
+    LADDER=("ladder.sizes=[{d_model: 32, n_layer: 1}, {d_model: 32, n_layer: 2}, {d_model: 64, n_layer: 2}]"
+            "ladder.flops=[3e10, 6e10, 1.2e11]" ladder.min_steps=30 ladder.val_batches=16 ladder.bootstrap=30
+            data.micro_batch_size=8 logger.wandb.enabled=false)
+    cp "$REPO/recipes/ladder-tiny.yaml" ladder.yaml
+    $PYTHON -m pretrain ladder ladder.yaml --out ladder-slurm --executor slurm --partition local --time 00:30:00 \
+        "${LADDER[@]}" | tail -1
+    $PYTHON -m pretrain ladder ladder.yaml --out ladder-local --workers 2 "${LADDER[@]}" | tail -3
+    wait_queue
+    $PYTHON -m pretrain ladder ladder.yaml --out ladder-slurm --executor slurm "${LADDER[@]}" | tail -3
+    $PYTHON - <<'PY'
+import json
+from pathlib import Path
+
+cells = {p.parent.name: json.loads(p.read_text())["loss"] for p in Path("ladder-local/runs").glob("*/result.json")}
+slurm = {p.parent.name: json.loads(p.read_text())["loss"] for p in Path("ladder-slurm/runs").glob("*/result.json")}
+assert len(cells) == 9 and slurm == cells, (slurm, cells)
+report = json.loads(Path("ladder-slurm/ladder.json").read_text())
+held = report["held_out"]
+assert report["fit"]["cells"] == 8 and held["cell"] == "d64-l2-c1.2e11", report
+print(f"OK: pretrain ladder --executor slurm: 9 array tasks, every cell's loss equal to the local ladder's; "
+      f"held out {held['cell']}: predicted {held['predicted']:.4f}, actual {held['actual']:.4f} ({held['rel_error']:+.2%})")
+PY
+fi
+stage jobs || exit 0
 
 submit() {  # RUN_DIR -> job id
     sbatch --parsable --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=30 \
