@@ -103,3 +103,21 @@ def test_reduced_ladder_resumes_fits_and_predicts_its_held_out_cell(tmp_path):
     overrides = query.split("overrides: ")[1].split()
     run, _ = config.load("recipes/ladder-tiny.yaml", [*REDUCED, *overrides])
     assert run.trainer.max_steps > 0 and run.model.d_model % 32 == 0
+
+
+@pytest.mark.heavy  # the executor is prepare's (tested on Ray there); this adds the ladder's cells on it
+def test_a_ladder_on_ray_gives_every_cell_the_local_ladders_loss(tmp_path):
+    small = [
+        "ladder.sizes=[{d_model: 32, n_layer: 1}, {d_model: 32, n_layer: 2}]",
+        *REDUCED[1:],
+    ]
+    reports = {}
+    for executor in ("local", "ray"):
+        out = tmp_path / executor
+        run_cli("ladder", "recipes/ladder-tiny.yaml", "--out", str(out), "--executor", executor,
+                "--workers", "2", *small, timeout=1800)  # fmt: skip
+        reports[executor] = {
+            p.parent.name: json.loads(p.read_text())["loss"] for p in (out / "runs").glob("*/result.json")
+        }
+        assert json.loads((out / "ladder.json").read_text())["fit"]["cells"] == 5
+    assert len(reports["ray"]) == 6 and reports["ray"] == reports["local"]
