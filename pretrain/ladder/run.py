@@ -10,7 +10,6 @@ it trains, so two calls (or a resubmitted SLURM array) never train one cell twic
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -46,14 +45,18 @@ def failure(cell: Cell) -> dict[str, Any]:
 
 
 def final_validation(run_dir: Path) -> tuple[int, float] | None:
-    """(step, val/loss) of the last validation in the run's CSV logs (every ``version_*``, resumes included)."""
+    """(step, val/loss) of the last validation in the run's CSV logs (every ``version_*``, resumes included; not
+    the rows a later version superseded: ``metrics_rows``)."""
+    from pretrain.training.callbacks.plots import metrics_rows
+
     last: tuple[int, float] | None = None
-    for path in sorted((run_dir / "logs").glob("version_*/metrics.csv")):
-        with path.open() as f:
-            for row in csv.DictReader(f):
-                if row.get("val/loss"):
-                    entry = (int(row["step"]), float(row["val/loss"]))
-                    last = entry if last is None or entry[0] >= last[0] else last
+    if not any((run_dir / "logs").glob("version_*/metrics.csv")):
+        return None
+    for rows in metrics_rows(run_dir):
+        for row in rows:
+            if row.get("val/loss"):
+                entry = (int(float(row["step"])), float(row["val/loss"]))
+                last = entry if last is None or entry[0] >= last[0] else last
     return last
 
 

@@ -178,9 +178,16 @@ def set_aside_checkpoints(run: TrainingRun) -> Path | None:
     aside.mkdir(parents=True)
     for path in earlier:
         os.replace(path, aside / path.name)
+    logs = Path(run.run_path) / "logs"
+    versions = sorted(logs.glob("version_*")) if logs.is_dir() else []
+    if versions:  # its CSV logs too: curves.png and `pretrain plot` read every version as this run's
+        (logs / aside.name).mkdir()
+        for path in versions:
+            os.replace(path, logs / aside.name / path.name)
     warnings.warn(
-        f"resume=null: the {len(earlier)} checkpoint(s) of an earlier run in {run.run_path} moved to {aside} "
-        "(resume=auto would have taken them for this run's); delete it once you do not need them",
+        f"resume=null: the {len(earlier)} checkpoint(s) of an earlier run in {run.run_path} moved to {aside}"
+        + (f" and its CSV logs to {logs / aside.name}" if versions else "")
+        + " (resume=auto would have taken them for this run's); delete them once you do not need them",
         stacklevel=2,
     )
     return aside

@@ -34,3 +34,22 @@ def test_plot_command_overlays_runs_and_names_a_run_without_log(tmp_path, capsys
     assert out.read_bytes().startswith(b"\x89PNG") and "curves of 2 run(s)" in capsys.readouterr().out
     assert main(["plot", str(tmp_path / "missing")]) == 2
     assert "has no CSV log" in capsys.readouterr().err
+
+
+def test_a_later_version_supersedes_the_rows_of_a_branch_the_run_left(tmp_path):
+    """`pretrain fit ... resume=null` in runs/w2 (an earlier run there had logged steps 1..6), then
+    `pretrain plot runs/w2`: the curve was [(1, ..), .., (6, ..), (1, ..), (2, ..)], two runs joined as one (so was
+    the ladder's last validation). A version starts where its launch did; the earlier rows from there on are of
+    a branch the run left: a fresh run, a resume from an earlier checkpoint, steps logged after the last
+    checkpoint of a killed run. Found by the #32 sweep."""
+    from pretrain.ladder.run import final_validation
+
+    write_log(
+        tmp_path, 0, ["0,1,,6.0,0.001,,", "0,2,,5.0,0.001,,5.5", "0,3,,4.0,0.001,,", "0,4,,3.0,0.001,,3.5"]
+    )
+    write_log(tmp_path, 1, ["0,3,,4.1,0.001,,", "0,4,,3.1,0.001,,3.6"])  # resumed from step 2's checkpoint
+    assert read_curves(tmp_path)["train/loss"] == [(1, 6.0), (2, 5.0), (3, 4.1), (4, 3.1)]
+    assert final_validation(tmp_path) == (4, 3.6)
+    write_log(tmp_path, 2, ["0,1,,7.0,0.001,,", "0,2,,6.5,0.001,,6.6"])  # a fresh run (resume=null)
+    assert read_curves(tmp_path)["train/loss"] == [(1, 7.0), (2, 6.5)]
+    assert final_validation(tmp_path) == (2, 6.6)

@@ -5,7 +5,9 @@ CORE-style ``eval/core``.
 
 tokens/s is measured, not logged: the throughput monitor's cumulative ``train/tokens_per_device`` (tokens) over its
 cumulative ``train/seconds`` (seconds), differenced between consecutive logged steps. A resumed run's versions
-are read in order and joined.
+are read in order and joined; a version supersedes the earlier versions' rows from its first step on (they are
+of a branch the run left: a resume from an earlier checkpoint, steps logged after the last checkpoint of a
+killed run, or a run that ``resume=null`` replaced), so that a curve is one run's.
 """
 
 from __future__ import annotations
@@ -35,27 +37,47 @@ def metrics_files(run_dir: str | Path) -> list[Path]:
     return files
 
 
+def metrics_rows(run_dir: str | Path) -> list[list[dict[str, str]]]:
+    """The rows of each CSV version of the run (version order) that are still the run's: a version's first
+    logged step is where its launch started (after the checkpoint it resumed, or step 1 of a fresh run in the
+    directory), so an earlier version's rows at that step or later belong to a branch the run left (a
+    ``resume=PATH`` from an earlier checkpoint, the steps a killed run logged after its last checkpoint, the
+    run ``resume=null`` replaced). Joined as they were, curves and the last validation mixed two runs."""
+    versions: list[list[dict[str, str]]] = []
+    for path in metrics_files(run_dir):
+        with path.open(newline="") as f:
+            rows = [row for row in csv.DictReader(f) if row.get("step") not in (None, "")]
+        if rows:
+            first = min(_step(row) for row in rows)
+            versions = [[row for row in kept if _step(row) < first] for kept in versions]
+        versions.append(rows)
+    return versions
+
+
+def _step(row: dict[str, str]) -> int:
+    return int(float(row["step"]))
+
+
 def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """``{"train/loss", "val/loss", "train/lr", "tokens/s", "eval/...": ...}`` -> [(step, value)] from the
     run's CSV logs (``eval/...``: the ``is_eval_curve`` columns present)."""
     columns = ("train/loss", "val/loss", "train/lr")
     curves: dict[str, list[tuple[int, float]]] = {name: [] for name in (*columns, "tokens/s")}
     clock: tuple[float, float] | None = None  # (tokens, seconds) at the previous throughput row
-    for path in metrics_files(run_dir):
-        with path.open(newline="") as f:
-            for row in csv.DictReader(f):
-                step = int(float(row["step"]))
-                for name in (*columns, *filter(is_eval_curve, row)):
-                    if row.get(name) not in (None, ""):
-                        curves.setdefault(name, []).append((step, float(row[name])))
-                if row.get("train/tokens_per_device") not in (None, "") and row.get("train/seconds") not in (
-                    None,
-                    "",
-                ):
-                    tokens, seconds = float(row["train/tokens_per_device"]), float(row["train/seconds"])
-                    if clock is not None and seconds > clock[1] and tokens > clock[0]:
-                        curves["tokens/s"].append((step, (tokens - clock[0]) / (seconds - clock[1])))
-                    clock = (tokens, seconds)
+    for rows in metrics_rows(run_dir):
+        for row in rows:
+            step = _step(row)
+            for name in (*columns, *filter(is_eval_curve, row)):
+                if row.get(name) not in (None, ""):
+                    curves.setdefault(name, []).append((step, float(row[name])))
+            if row.get("train/tokens_per_device") not in (None, "") and row.get("train/seconds") not in (
+                None,
+                "",
+            ):
+                tokens, seconds = float(row["train/tokens_per_device"]), float(row["train/seconds"])
+                if clock is not None and seconds > clock[1] and tokens > clock[0]:
+                    curves["tokens/s"].append((step, (tokens - clock[0]) / (seconds - clock[1])))
+                clock = (tokens, seconds)
         clock = None  # a resumed run restarts the monitor's counters
     return curves
 
