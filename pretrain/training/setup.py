@@ -193,6 +193,11 @@ def set_aside_checkpoints(run: TrainingRun) -> Path | None:
     return aside
 
 
+def _within(path: str | Path, directory: str | Path) -> bool:
+    """Whether ``path`` lies in ``directory`` (links and ``..`` resolved)."""
+    return Path(path).resolve().is_relative_to(Path(directory).resolve())
+
+
 def resume_path(run: TrainingRun) -> Path | None:
     """``resume``: None (fresh), ``auto`` (the run's valid checkpoint of the highest step, Lightning's HPC
     checkpoints in ``run_dir`` included, if any) or a checkpoint path."""
@@ -397,6 +402,8 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
     raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint). Not
     ``training`` (``pretrain validate``): only what gives the weights and the validation data their meaning is
     compared (``VALIDATE_RESUME``), not the optimizer, the schedules or the batch."""
+    import warnings
+
     import lightning as L
 
     from pretrain.checkpoint.convert import initial_weights
@@ -435,6 +442,15 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
         if "batch" in changes:
             datamodule.realign = stream_position(run, data_position(ckpt), ckpt) > 0
         wandb_id = saved.get("wandb_run_id")
+        if training and wandb_id and not _within(ckpt, run.run_path):
+            # another run directory's checkpoint (resume=PATH): a branch, not that run's continuation
+            warnings.warn(
+                f"resume={ckpt} is a checkpoint of another run directory: its weights, optimizer, step and data "
+                f"position continue in {run.run_path}, logged to a W&B run of its own (W&B run {wandb_id} stays "
+                "that run's)",
+                stacklevel=2,
+            )
+            wandb_id = None
     L.seed_everything(run.seed, verbose=False)
     module = PretrainModule(
         run,

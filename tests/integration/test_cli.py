@@ -302,3 +302,21 @@ def test_no_library_module_imports_a_cli_module():
         "__init__",
         "common",
     }
+
+
+def test_a_branch_from_another_runs_checkpoint_logs_to_its_own_wandb_run(trained, tmp_path):
+    """`pretrain fit gpt-tiny name=branch resume=runs/base/checkpoints/last.ckpt` continued base's W&B run id:
+    synced, base's W&B run held branch's steps, and base's own later steps were dropped (W&B cannot rewind). A
+    checkpoint of another run directory now starts a W&B run of its own; one of this directory continues its
+    run. Found by the #32 sweep."""
+    from pretrain import config
+    from pretrain.training.setup import prepare_run
+
+    saved = read(trained["ckpt"])[PAYLOAD]["wandb_run_id"]
+    run, resolved = config.load(trained["recipe"], [f"resume={trained['ckpt']}", f"run_dir={tmp_path}"])
+    with pytest.warns(UserWarning, match="checkpoint of another run directory.*W&B run of its own"):
+        branch = prepare_run(run, resolved).module.wandb_id
+    assert branch and branch != saved
+    own_dir = trained["ckpt"].parent.parent  # the run's own directory: its W&B run continues
+    run, resolved = config.load(trained["recipe"], [f"resume={trained['ckpt']}", f"run_dir={own_dir}"])
+    assert prepare_run(run, resolved).module.wandb_id == saved
