@@ -128,6 +128,18 @@ def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def remove_stale_staging(directory: str | os.PathLike) -> list[Path]:
+    """Remove the staging directories (``staged_directory``) that writers of ``directory`` killed mid-write left
+    next to it (``.<name>.partial-*``: SIGKILL runs no clean-up); each is a whole output's size, and nothing
+    removed them. Call it only under ``directory``'s lock (``run_lock``): then no live writer owns one.
+    Returns those removed."""
+    directory = Path(directory)
+    stale = sorted(directory.parent.glob(f".{directory.name}{STAGING_MARK}*"))
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def umask() -> int:
     """The process's umask (``/proc/self/status`` on Linux; elsewhere set and put back at once)."""
     try:

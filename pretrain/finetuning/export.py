@@ -49,10 +49,19 @@ def export_checkpoint(path: Path, out_dir: str | Path, force: bool = False, ema:
     """Checkpoint ``path`` (any layout; ``pretrain finetune``'s included) as a transformers model directory
     ``out_dir``, new or empty (``force``: overwrite the files written there); ``ema``: the weights' moving average.
     Under ``out_dir``'s lock; a failed export leaves no directory it created."""
-    from pretrain.io import run_lock
+    import warnings
+
+    from pretrain.io import remove_stale_staging, run_lock
 
     created = not Path(out_dir).exists()
     with run_lock(out_dir, "`pretrain export`"):
+        stale = remove_stale_staging(out_dir)  # exports killed mid-write
+        if stale:
+            warnings.warn(
+                f"removed {len(stale)} staging director{'y' if len(stale) == 1 else 'ies'} of an interrupted "
+                f"export to {out_dir} ({', '.join(p.name for p in stale)})",
+                stacklevel=2,
+            )
         try:
             return _export(path, out_dir, force, ema)
         except BaseException:

@@ -62,6 +62,21 @@ def test_export_into_a_read_only_directory(capsys, tmp_path, checkpoint, monkeyp
     assert "Permission denied" in one_error_line(capsys, "export", checkpoint, out)
 
 
+def test_an_export_removes_the_staging_directories_of_exports_killed_mid_write(capsys, tmp_path, checkpoint):
+    """`pretrain export C hfk` killed with SIGKILL while writing (no clean-up runs) left `.hfk.partial-<hex>/`, a
+    whole model's size, next to hfk; every killed attempt added one and no later export removed them. The next
+    export (under hfk's lock, so no live writer owns one) now removes them. Found by the #32 sweep."""
+    from pretrain.cli import main
+
+    for name in (".hf.partial-6c4c2ab1", ".hf.partial-48538cf4"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"half a model")
+    (tmp_path / ".other.partial-00000000").mkdir()  # another output's: not ours to remove
+    with pytest.warns(UserWarning, match="removed 2 staging directories of an interrupted export"):
+        assert main(["export", str(checkpoint), str(tmp_path / "hf")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.partial-00000000", "hf"]
+
+
 def test_an_interrupted_export_leaves_no_half_written_directory(capsys, tmp_path, checkpoint, monkeypatch):
     """The disk fills while the tokenizer files are written (after config.json and the weights): the target
     directory is not created, nothing of the attempt is left, and a half-written directory made by hand (or by an
