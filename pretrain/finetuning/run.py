@@ -101,6 +101,7 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     from pretrain.checkpoint.resume import check_resumable, check_trainable, compare_for_resume
     from pretrain.finetuning.checkpoint import FINETUNE_RESUME
     from pretrain.finetuning.lora import parameter_counts
+    from pretrain.training.quiet import data_position_restored
     from pretrain.training.setup import resume_path, set_aside_checkpoints
     from pretrain.training.trainer import build_trainer
 
@@ -122,7 +123,8 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     module.payload = finetune_payload(cfg, module.model, tokenizer, parts["roles"], parts["label_names"])
     trainer = build_trainer(cfg, dataclasses.asdict(cfg))
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+    with data_position_restored():  # FinetuneDataModule's state: epoch and batches
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     train_seconds = time.perf_counter() - start
     results: dict[str, Any] = {
         "name": cfg.name,

@@ -9,9 +9,11 @@ are kept."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 
 LIBRARIES = (
     r"(lightning|lightning_fabric|pytorch_lightning|torch|transformers|deepspeed|wandb|torchmetrics)(\.|$)"
@@ -53,3 +55,13 @@ def quiet_libraries() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNotices) for f in logger.filters):
             logger.addFilter(_DropNotices(starts))
+
+
+@contextlib.contextmanager
+def data_position_restored() -> Iterator[None]:
+    """Around ``trainer.fit`` of a datamodule whose own state restores the data position exactly
+    (``PretrainData``, ``FinetuneDataModule``): Lightning looks for a stateful DataLoader only, so its warning on
+    every mid-epoch resume ("your dataloader is not resumable ... unreliable results") is untrue there."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch")
+        yield

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import shlex
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +56,7 @@ def _fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[
     )
     from pretrain.errors import RankDied, peer_gone
     from pretrain.training.callbacks.preemption import Interrupted
+    from pretrain.training.quiet import data_position_restored
     from pretrain.training.setup import prepare_run
     from pretrain.training.trainer import build_trainer
 
@@ -71,10 +71,7 @@ def _fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[
     module = parts.module
     trainer = build_trainer(run, resolved, wandb_id=module.wandb_id)
     try:
-        with warnings.catch_warnings():
-            # Lightning looks for a stateful DataLoader only; the datamodule's own state restores the data
-            # position exactly (datamodules/pretrain.py), so its warning on every mid-epoch resume is wrong here.
-            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch")
+        with data_position_restored():  # datamodules/pretrain.py
             trainer.fit(module, datamodule=parts.datamodule, ckpt_path=restore, weights_only=True)
     except Interrupted as stop:
         if trainer.is_global_zero:
