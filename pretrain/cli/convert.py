@@ -25,7 +25,8 @@ def main(args: argparse.Namespace) -> int:
     if args.to == "hf":
         from pretrain.finetuning.export import export_checkpoint
 
-        out = export_checkpoint(existing_checkpoint(args.checkpoint, "convert CHECKPOINT"), args.out)
+        checkpoint = existing_checkpoint(args.checkpoint, "convert CHECKPOINT")
+        out = export_checkpoint(checkpoint, args.out, verb="convert")
         print(f"exported {args.checkpoint} -> {out} (transformers from_pretrained format)")
         return 0
     from pretrain.checkpoint.stream import convert

@@ -31,13 +31,17 @@ def export_finetuned(checkpoint: str | Path, out_dir: str | Path) -> Path:
     return save_hf(model, out_dir, tokenizer, roles, label_names=info.get("label_names"))
 
 
-def _check_export_target(out_dir: Path, force: bool) -> None:
-    """An export goes into a new or empty directory (``--force``: overwrite the files it writes there)."""
+def _check_export_target(out_dir: Path, force: bool, verb: str = "export") -> None:
+    """An export goes into a new or empty directory (``--force``: overwrite the files it writes there). ``verb``:
+    the command that asked (``convert --to hf`` has no ``--force``: its line names ``export``'s)."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir} is a file; export into a directory (it is created if missing)")
+        raise InputError(f"{out_dir} is a file; {verb} into a directory (it is created if missing)")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        overwrite = (
+            "pass --force" if verb == "export" else f"use `pretrain export --force CHECKPOINT {out_dir}`"
+        )
         raise InputError(
-            f"{out_dir} is not empty; export into a new or empty directory, or pass --force to overwrite "
+            f"{out_dir} is not empty; {verb} into a new or empty directory, or {overwrite} to overwrite "
             f"the files the export writes there"
         )
     out_dir.mkdir(parents=True, exist_ok=True)  # PermissionError here names the directory
@@ -45,7 +49,9 @@ def _check_export_target(out_dir: Path, force: bool) -> None:
         pass
 
 
-def export_checkpoint(path: Path, out_dir: str | Path, force: bool = False, ema: bool = False) -> Path:
+def export_checkpoint(
+    path: Path, out_dir: str | Path, force: bool = False, ema: bool = False, verb: str = "export"
+) -> Path:
     """Checkpoint ``path`` (any layout; ``pretrain finetune``'s included) as a transformers model directory
     ``out_dir``, new or empty (``force``: overwrite the files written there); ``ema``: the weights' moving average.
     Under ``out_dir``'s lock; a failed export leaves no directory it created."""
@@ -63,15 +69,15 @@ def export_checkpoint(path: Path, out_dir: str | Path, force: bool = False, ema:
                 stacklevel=2,
             )
         try:
-            return _export(path, out_dir, force, ema)
+            return _export(path, out_dir, force, ema, verb)
         except BaseException:
             if created and Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):  # no trace
                 Path(out_dir).rmdir()
             raise
 
 
-def _export(path: Path, out_dir: str | Path, force: bool, ema: bool) -> Path:
-    _check_export_target(Path(out_dir), force)  # under the lock, before the heavy imports
+def _export(path: Path, out_dir: str | Path, force: bool, ema: bool, verb: str) -> Path:
+    _check_export_target(Path(out_dir), force, verb)  # under the lock, before the heavy imports
     from pretrain.checkpoint import consolidate, read
     from pretrain.checkpoint.convert import load_model
     from pretrain.models.hf import save_hf

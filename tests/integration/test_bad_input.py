@@ -38,6 +38,12 @@ def test_export_into_a_non_empty_directory_keeps_the_users_files(capsys, tmp_pat
     (out / "config.json").write_text("mine")
     assert "is not empty" in one_error_line(capsys, "export", checkpoint, out)
     assert (out / "config.json").read_text() == "mine"
+    # `pretrain convert --to hf` said "pass --force", an option it does not have (#32 sweep)
+    line = one_error_line(capsys, "convert", "--to", "hf", checkpoint, out)
+    assert (
+        "convert into a new or empty directory" in line
+        and f"pretrain export --force CHECKPOINT {out}" in line
+    )
     status, stdout, _ = pretrain(capsys, "export", checkpoint, out, "--force")
     assert status == 0 and "exported" in stdout and (out / "model.safetensors").is_file()
 
