@@ -389,12 +389,32 @@ def check_run_name(name: str) -> None:
         )
 
 
+def _section_word_hint(cls: type, node: Any, path: str) -> str:
+    """What ``objective=prefix_lm`` / ``strategy=fsdp`` / ``lora=r8`` (a section set to a word, as other tools pick a
+    config group) was likely meant as: the config piece of that name (chosen in a recipe's ``defaults``), and the
+    section's ``name`` key."""
+    if not isinstance(node, str) or not path or "." in path or not re.fullmatch(r"[\w.-]+", node):
+        return ""
+    hints = []
+    for base in (CONFIG_DIR, CONFIG_DIR / "finetune"):
+        if (base / path / f"{node}.yaml").is_file():
+            hints.append(
+                f"the config piece {path}/{node} ({base / path / node}.yaml) is chosen in a recipe's defaults "
+                f"list (defaults: [..., {path}/{node}]), not by a {path}={node} override"
+            )
+            break
+    if "name" in {f.name for f in dataclasses.fields(cls)}:
+        hints.append(f"to set the section's name: {path}.name={node}")
+    return "".join(f"; {h}" for h in hints)
+
+
 def structured(cls: type, node: Any, path: str = "") -> Any:
     """Dataclass ``cls`` from a plain dict, every key and type checked (see the module docstring)."""
     if not isinstance(node, dict):
         keys = ", ".join(sorted(f.name for f in dataclasses.fields(cls))[:4])
         raise InputError(
             f"{path or 'config'}: expected a section of key: value settings ({keys}, ...), got {node!r}"
+            + _section_word_hint(cls, node, path)
         )
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}

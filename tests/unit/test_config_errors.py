@@ -96,6 +96,23 @@ def test_a_command_line_setting_the_variable_replaces_is_said_so(capsys, monkeyp
     ]
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("objective=prefix_lm", "config piece objective/prefix_lm ("),
+        ("objective=prefix_lm", "; to set the section's name: objective.name=prefix_lm"),
+        ("strategy=fsdp", "defaults list (defaults: [..., strategy/fsdp]), not by a strategy=fsdp override"),
+        ("strategy=fsdp", "strategy.name=fsdp"),
+        ("objective=nope", "got 'nope'; to set the section's name: objective.name=nope"),
+    ],
+)
+def test_a_section_set_to_a_word_names_the_piece_or_the_name_key(capsys, override, message):
+    """`pretrain fit gpt-tiny objective=prefix_lm` (or strategy=fsdp, finetune lora=r8: a config group picked as
+    other tools do) said only 'expected a section of key: value settings, got ...': now the piece of that name
+    and the name key are named. Found by the #32 sweep."""
+    assert message in one_error_line(capsys, "fit", GPT_TINY, override)
+
+
 def test_a_recipe_beyond_omegaconfs_node_limit_loads(tmp_path):
     """10,001 input files: past OmegaConf's 10,000-node YAML limit (before: its alias-bomb error, naming no key)."""
     from pretrain.config.compose import load_yaml
