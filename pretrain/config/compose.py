@@ -147,7 +147,17 @@ def compose(
                     f"{recipe}: its defaults list the recipe itself ({ref!r}); remove it (defaults name config "
                     f"pieces, e.g. model/gpt-tiny)"
                 )
-            pieces.append(OmegaConf.create({group: load_yaml(path, "config piece")}))
+            piece = load_yaml(path, "config piece")
+            nested = "defaults" in piece
+            if nested or Path(ref).is_absolute() or group == "..":
+                raise InputError(
+                    f"{recipe}: defaults entry {ref!r} "
+                    + ("is a recipe (it has defaults of its own)" if nested else "is a path, not group/name")
+                    + "; defaults name config pieces as group/name (model/gpt-tiny: configs/model/gpt-tiny.yaml, "
+                    "placed under the key model); to build on a recipe, list its defaults and copy the keys "
+                    "you keep"
+                )
+            pieces.append(OmegaConf.create({group: piece}))
         merged = OmegaConf.create({})
         for piece in [*pieces, body]:
             clash = _shape_clash(merged, piece)

@@ -113,6 +113,18 @@ def test_a_section_set_to_a_word_names_the_piece_or_the_name_key(capsys, overrid
     assert message in one_error_line(capsys, "fit", GPT_TINY, override)
 
 
+def test_a_recipe_listed_in_defaults_is_named_as_such(capsys, tmp_path):
+    """A recipe whose defaults list another recipe (defaults: [/abs/recipes/gpt-tiny]) said "unknown config key '/'
+    at /": the path's first part was taken for the group. Found by the #32 sweep."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(f"defaults: [{GPT_TINY.with_suffix('')}]\nname: mine\n")
+    line = one_error_line(capsys, "fit", recipe)
+    assert "is a recipe (it has defaults of its own); defaults name config pieces as group/name" in line
+    (tmp_path / "base.yaml").write_text(GPT_TINY.read_text())  # a recipe beside it, by a relative name
+    recipe.write_text("defaults: [base]\nname: mine\n")
+    assert "defaults entry 'base' is a recipe" in one_error_line(capsys, "fit", recipe)
+
+
 def test_a_recipe_beyond_omegaconfs_node_limit_loads(tmp_path):
     """10,001 input files: past OmegaConf's 10,000-node YAML limit (before: its alias-bomb error, naming no key)."""
     from pretrain.config.compose import load_yaml
