@@ -70,6 +70,14 @@ def check_mergeable(paths: Sequence[Path]) -> list[dict[str, Any]]:
         states.append(state[PAYLOAD])
     first = states[0]
     for path, state in zip(paths[1:], states[1:], strict=True):
+        kinds = ["`pretrain finetune`" if "finetune" in s else "`pretrain fit`" for s in (first, state)]
+        if (
+            kinds[0] != kinds[1]
+        ):  # a task model (head, adapters) and a language model: other weights, tokenizers
+            raise InputError(
+                f"cannot merge {paths[0]} and {path}: a {kinds[0]} checkpoint and a {kinds[1]} one; merge "
+                "checkpoints of one kind (of one run, or of runs of one recipe)"
+            )
         a = ModelConfig.identity(first["config"]["model"])
         b = ModelConfig.identity(state["config"]["model"])
         diffs = [f"model.{k}: {a[k]!r} vs {b[k]!r}" for k in sorted(a) if a[k] != b.get(k)]

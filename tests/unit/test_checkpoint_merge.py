@@ -110,6 +110,11 @@ def test_different_models_or_tokenizers_are_refused(tmp_path):
     other = as_file(tmp_path, "c.ckpt", checkpoint(3, tokenizer="another"))
     with pytest.raises(ValueError, match="trained with different tokenizers"):
         merge([a, other], tmp_path / "m.ckpt")
+    # a finetune of a and a itself: was "trained with different tokenizers", though it was trained on a's (#32 sweep)
+    finetuned = checkpoint(4, tokenizer="a's, with the finetune's template")
+    finetuned[PAYLOAD]["finetune"] = {"head": {"kind": "classification"}}
+    with pytest.raises(ValueError, match="a `pretrain fit` checkpoint and a `pretrain finetune` one"):
+        merge([a, as_file(tmp_path, "d.ckpt", finetuned)], tmp_path / "m.ckpt")
     assert not (tmp_path / "m.ckpt").exists()
 
 
