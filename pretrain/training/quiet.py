@@ -4,8 +4,10 @@ themselves on import (torchao's optional kernels that do not load on this machin
 deprecations that torchao triggers, DeepSpeed settling on the CPU where no accelerator is found), and two notices
 tensor parallelism raises on every run though nothing is wrong: FSDP2's that a module returned a view (DTensor's
 ``to_local`` returns views, which nothing modifies in place) and DTensor's that a reduction over two mesh dims
-takes two collectives (the gradient norm's scalar all-reduces, in the same order on every rank). Our own warnings
-are kept."""
+takes two collectives (the gradient norm's scalar all-reduces, in the same order on every rank), and Lightning's
+"Checkpoint directory ... exists and is not empty" (a resume's directory is its checkpoints'). Our own warnings
+are kept, each on one line (``warning: ...``, not Python's ``/path/file.py:427: UserWarning: ...`` followed by the
+source line that raised it)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import os
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 LIBRARIES = (
     r"(lightning|lightning_fabric|pytorch_lightning|torch|transformers|deepspeed|wandb|torchmetrics)(\.|$)"
@@ -29,6 +32,19 @@ NOTICES = {
     "DeepSpeed": ("Setting accelerator to CPU",),
     "torch.distributed.tensor._redistribute": ("While redistributing from",),  # two collectives, in order
 }
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # pretrain/
+_OTHERS_FORMAT = [warnings.formatwarning]  # the format ours wraps (Lightning's, where it was imported first)
+
+
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """Our warnings as ``warning: <message>``: what they say is the whole message, not where it was raised."""
+    if str(filename).startswith(_PACKAGE):
+        return f"warning: {message}\n"
+    return _OTHERS_FORMAT[0](message, category, filename, lineno, line)
 
 
 class _DropNotices(logging.Filter):
@@ -51,6 +67,11 @@ def quiet_libraries() -> None:
     warnings.filterwarnings(
         "ignore", message=r"FSDP2-wrapped module .* returned a view tensor", module=LIBRARIES
     )
+    warnings.filterwarnings(
+        "ignore", message=r"Checkpoint directory .* exists and is not empty", module=LIBRARIES
+    )
+    if warnings.formatwarning is not _format_warning:
+        _OTHERS_FORMAT[0], warnings.formatwarning = warnings.formatwarning, _format_warning
     for name, starts in NOTICES.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNotices) for f in logger.filters):

@@ -100,3 +100,33 @@ def test_a_directory_given_as_a_checkpoint_names_the_file_to_pass(capsys, tmp_pa
         f"{tmp_path} is a directory, not a checkpoint: pass a checkpoint file (e.g. {tmp_path}/checkpoints/last.ckpt)"
         in err
     )
+
+
+def test_our_warnings_are_one_line_and_a_resumes_directory_notice_is_dropped(monkeypatch):
+    """A resume with resume_allow printed '/.../pretrain/training/setup.py:427: UserWarning: resuming ...' and then
+    the source line 'changes = compare_for_resume(...)', and Lightning's 'Checkpoint directory ... exists and is not
+    empty' on every resume. Our warnings are now 'warning: <message>' (libraries' keep Python's format), and the
+    notice is dropped. Found by the #32 sweep."""
+    import warnings
+
+    import pretrain.training.setup
+    from pretrain.training.quiet import quiet_libraries
+
+    monkeypatch.delenv("PRETRAIN_DEBUG", raising=False)
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # put back after the test
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = warnings.formatwarning
+        quiet_libraries()
+        ours = pretrain.training.setup.__file__
+        assert warnings.formatwarning("resuming x", UserWarning, ours, 427, "src") == "warning: resuming x\n"
+        library = ("a notice", UserWarning, "/lib/lightning/x.py", 3, "src")
+        assert warnings.formatwarning(*library) == before(*library)
+        warnings.warn_explicit(
+            "Checkpoint directory /r/checkpoints exists and is not empty.",
+            UserWarning,
+            "model_checkpoint.py",
+            881,
+            module="lightning.pytorch.callbacks.model_checkpoint",
+        )
+    assert not caught
