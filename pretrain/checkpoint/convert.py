@@ -99,7 +99,10 @@ def initial_weights(path: str | Path, model: Transformer, tokenizer_json: str) -
         raise FileNotFoundError(
             f"init.checkpoint={path}: no such checkpoint (a .ckpt file or sharded directory)"
         )
-    saved, info, _ = load_model(path)
+    try:
+        saved, info, _ = load_model(path)
+    except InputError as err:  # a finetune's checkpoint, a foreign file: named by the key that gave it
+        raise InputError(f"init.checkpoint: {err}") from None
     ours = model.state_dict()
     theirs = saved.state_dict()
     misfit = sorted(k for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs)
@@ -118,6 +121,21 @@ def initial_weights(path: str | Path, model: Transformer, tokenizer_json: str) -
     return theirs
 
 
+def refuse_finetuned(path: str | Path, info: dict[str, Any]) -> None:
+    """``InputError`` when payload ``info`` is a `pretrain finetune` checkpoint's (a task model: ``backbone.*`` and
+    head weights) given where a `pretrain fit` checkpoint is read: it ended in a traceback of missing keys
+    (generate, evaluate, init.checkpoint) or a resume refusal about tokenizers (validate)."""
+    if "finetune" not in info:
+        return
+    backbone = (info["finetune"].get("init") or {}).get("checkpoint")
+    raise InputError(
+        f"{path} is a `pretrain finetune` checkpoint (a task model: its backbone and head); this reads a "
+        "`pretrain fit` checkpoint"
+        + (f", such as the backbone it was finetuned from ({backbone})" if backbone else "")
+        + f"; `pretrain export {path} DIR` writes the task model for transformers"
+    )
+
+
 def load_model(
     path: str | Path, *, ema: bool = False
 ) -> tuple[Transformer, dict[str, Any], Tokenizer | None]:
@@ -130,6 +148,7 @@ def load_model(
     if PAYLOAD not in checkpoint:
         raise InputError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
     info = checkpoint[PAYLOAD]
+    refuse_finetuned(path, info)
     model = Transformer(ModelConfig(**info["config"]["model"]))
     model.load_state_dict(model_state(checkpoint))
     if ema:  # every parameter (a tied one once); buffers as trained

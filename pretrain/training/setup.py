@@ -406,7 +406,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
 
     import lightning as L
 
-    from pretrain.checkpoint.convert import initial_weights
+    from pretrain.checkpoint.convert import initial_weights, refuse_finetuned
     from pretrain.checkpoint.io import data_position, payload
     from pretrain.checkpoint.resume import check_compatible, check_trainable
     from pretrain.datamodules.prepare import read_meta
@@ -435,6 +435,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
         if training:
             check_trainable(ckpt)
         saved = payload(ckpt)
+        refuse_finetuned(ckpt, saved)
         check_compatible(saved["config"]["model"], resolved["model"], ckpt)
         current = {"config": resolved, "tokenizer_json": tokenizer.to_str(), "data_keys": data_keys}
         table = FIT_RESUME if training else VALIDATE_RESUME

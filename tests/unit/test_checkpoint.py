@@ -412,3 +412,28 @@ def test_a_fit_resume_compares_the_checkpoint_its_weights_started_from(tmp_path,
             ValueError, match=r"init.checkpoint: checkpoint '.*a.ckpt' vs config .*cannot change"
         ):
             compare_for_resume(table, payload("a.ckpt"), payload(other), ["optimizer"], "last.ckpt")
+
+
+def test_a_finetune_checkpoint_where_a_fit_one_is_read_is_one_line(tmp_path, capsys):
+    """`pretrain generate runs/ft/checkpoints/last.ckpt` and `pretrain fit ... init.checkpoint=runs/ft/...` ended in
+    load_state_dict's missing/unexpected keys traceback ('this is a bug in pretrain'), `pretrain validate --ckpt` in
+    a resume refusal about tokenizers: a finetune's checkpoint (backbone.* and head weights) is now named as such,
+    with its backbone's path and `pretrain export`. Found by the #32 sweep."""
+    from pretrain.checkpoint.convert import initial_weights
+    from pretrain.cli import main
+    from pretrain.errors import InputError
+
+    ckpt = lightning_like(2)
+    ckpt["state_dict"] = {f"model.backbone.{k[len('model.') :]}": v for k, v in ckpt["state_dict"].items()}
+    ckpt[PAYLOAD]["finetune"] = {"init": {"checkpoint": "runs/base/checkpoints/last.ckpt"}}
+    path = tmp_path / "ft.ckpt"
+    torch.save(ckpt, path)
+    with pytest.raises(
+        InputError, match=r"is a `pretrain finetune` checkpoint .* \(runs/base/checkpoints/last.ckpt\)"
+    ):
+        load_model(path)
+    with pytest.raises(InputError, match=r"^init.checkpoint: .* is a `pretrain finetune` checkpoint"):
+        initial_weights(path, Transformer(CONFIG), "{}")
+    assert main(["generate", str(path), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "is a `pretrain finetune` checkpoint" in err and "Traceback" not in err
