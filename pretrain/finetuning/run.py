@@ -102,18 +102,20 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     from pretrain.finetuning.checkpoint import FINETUNE_RESUME
     from pretrain.finetuning.lora import parameter_counts
     from pretrain.training.quiet import data_position_restored
-    from pretrain.training.setup import resume_path, set_aside_checkpoints
+    from pretrain.training.setup import continued_wandb_id, new_run_id, resume_path, set_aside_checkpoints
     from pretrain.training.trainer import build_trainer
 
     ckpt = resume_path(cfg)
     if cfg.resume is None:
         set_aside_checkpoints(cfg)
     changes: list[str] = []
+    wandb_id = None
     if ckpt is not None:  # before the backbone and the data are read
         check_resumable(cfg.strategy.name, ckpt)
         check_trainable(ckpt)
         saved, current = payload(ckpt), {"finetune": dataclasses.asdict(cfg)}
         changes = compare_for_resume(FINETUNE_RESUME, saved, current, cfg.resume_allow, ckpt)
+        wandb_id = continued_wandb_id(ckpt, saved, cfg.run_path)
     parts = build_parts(cfg)
     module, datamodule = parts["module"], parts["datamodule"]
     module.resume_changes = frozenset(changes)
@@ -121,7 +123,9 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     # training did (`[CLS] A [SEP]` ...); text-to-text keeps the backbone's
     tokenizer = parts["tokenizer"] if cfg.head.kind == "text2text" else datamodule.tokenizer
     module.payload = finetune_payload(cfg, module.model, tokenizer, parts["roles"], parts["label_names"])
-    trainer = build_trainer(cfg, dataclasses.asdict(cfg))
+    # the W&B run a resume continues (before: every launch started a W&B run of its own)
+    module.payload["wandb_run_id"] = wandb_id = wandb_id or new_run_id()
+    trainer = build_trainer(cfg, dataclasses.asdict(cfg), wandb_id=wandb_id)
     start = time.perf_counter()
     with data_position_restored():  # FinetuneDataModule's state: epoch and batches
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)

@@ -193,6 +193,24 @@ def set_aside_checkpoints(run: TrainingRun) -> Path | None:
     return aside
 
 
+def continued_wandb_id(ckpt: Path, saved: dict[str, Any], run_path: Path) -> str | None:
+    """The W&B run a resume from ``ckpt`` (payload ``saved``) continues: the checkpoint's, when it lies in the run's
+    own directory; None (a run of its own) for another run directory's checkpoint (``resume=PATH``: a branch,
+    not that run's continuation, whose W&B run would get this run's steps and drop its own later ones)."""
+    import warnings
+
+    wandb_id = saved.get("wandb_run_id")
+    if wandb_id and not _within(ckpt, run_path):
+        warnings.warn(
+            f"resume={ckpt} is a checkpoint of another run directory: its weights, optimizer, step and data "
+            f"position continue in {run_path}, logged to a W&B run of its own (W&B run {wandb_id} stays that "
+            "run's)",
+            stacklevel=3,
+        )
+        return None
+    return wandb_id
+
+
 def _within(path: str | Path, directory: str | Path) -> bool:
     """Whether ``path`` lies in ``directory`` (links and ``..`` resolved)."""
     return Path(path).resolve().is_relative_to(Path(directory).resolve())
@@ -402,7 +420,6 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
     raises on bad input (missing files, objective/architecture, tokenizer/vocab, foreign checkpoint). Not
     ``training`` (``pretrain validate``): only what gives the weights and the validation data their meaning is
     compared (``VALIDATE_RESUME``), not the optimizer, the schedules or the batch."""
-    import warnings
 
     import lightning as L
 
@@ -442,16 +459,7 @@ def prepare_run(run: RunConfig, resolved: dict[str, Any], *, training: bool = Tr
         changes = compare_for_resume(table, saved, current, run.resume_allow, ckpt)
         if "batch" in changes:
             datamodule.realign = stream_position(run, data_position(ckpt), ckpt) > 0
-        wandb_id = saved.get("wandb_run_id")
-        if training and wandb_id and not _within(ckpt, run.run_path):
-            # another run directory's checkpoint (resume=PATH): a branch, not that run's continuation
-            warnings.warn(
-                f"resume={ckpt} is a checkpoint of another run directory: its weights, optimizer, step and data "
-                f"position continue in {run.run_path}, logged to a W&B run of its own (W&B run {wandb_id} stays "
-                "that run's)",
-                stacklevel=2,
-            )
-            wandb_id = None
+        wandb_id = continued_wandb_id(ckpt, saved, run.run_path) if training else None
     L.seed_everything(run.seed, verbose=False)
     module = PretrainModule(
         run,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from training_utils import one_error_line
 
-from pretrain.checkpoint import read
+from pretrain.checkpoint import PAYLOAD, read
 from pretrain.cli import main
 
 WORDS = ["the", "film", "plot", "was", "good", "bad", "quite", "really"]
@@ -79,6 +79,10 @@ def test_muon_trains_the_adapters_and_a_resume_reinitialises_the_optimizer(capsy
     (state,) = saved["optimizer_states"]
     muon = next(g for g in state["param_groups"] if g["name"] == "muon")  # before: AdamW, whatever optim.name
     assert saved["global_step"] == 4 and muon["params"]
+    # the resume continues the run's W&B run (before: every launch of a finetune started a W&B run of its own,
+    # its history split over them; found by the #32 sweep)
+    first = read(finetuned["run_dir"] / "checkpoints" / "last.ckpt")[PAYLOAD]["wandb_run_id"]
+    assert first and saved[PAYLOAD]["wandb_run_id"] == first
     assert all(set(state["state"][i]) == {"momentum_buffer"} for i in muon["params"])
 
 
