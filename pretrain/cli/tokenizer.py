@@ -26,10 +26,17 @@ def main(args: argparse.Namespace) -> int:
         from pretrain.datamodules.tokenizer import load_tokenizer
 
         try:
-            load_tokenizer(path)
+            existing = load_tokenizer(path)
         except InputError as err:
             raise InputError(f"{err}; it may be truncated -- rerun with --force to retrain it") from err
-        print(f"tokenizer {path} exists; reusing it (--force retrains)")
+        size = existing.get_vocab_size(with_added_tokens=True)
+        if size > t.vocab_size:  # not the tokenizer asked for (a corpus too small gives fewer, never more)
+            raise InputError(
+                f"tokenizer {path} exists with {size} tokens, more than tokenizer.vocab_size={t.vocab_size}: it "
+                "is not the one the recipe asks for; set tokenizer.path to a new file, or --force to retrain it "
+                "(data prepared with the old one then needs `pretrain prepare` again)"
+            )
+        print(f"tokenizer {path} exists ({size} tokens); reusing it (--force retrains)")
         return 0
     if not t.train_files:
         raise InputError(

@@ -67,6 +67,9 @@ def test_tokenizer_and_prepare(tmp_path, capsys, tiny_world):
     assert status == 0 and "trained a byte-level BPE of 400 tokens" in out
     status, out, _ = pretrain(capsys, "tokenizer", recipe)
     assert status == 0 and "reusing it" in out
+    # before: "reusing it", exit 0, the 400-token tokenizer for one of 300 asked (#32 sweep)
+    status, _, err = pretrain(capsys, "tokenizer", recipe, "tokenizer.vocab_size=300")
+    assert status == 2 and "exists with 400 tokens, more than tokenizer.vocab_size=300" in err
     status, out, _ = pretrain(capsys, "prepare", recipe)
     assert status == 0 and "prepared c ->" in out and "val" in out
     assert (tmp_path / "prepared" / "train.bin").is_file()
