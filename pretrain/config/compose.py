@@ -377,6 +377,12 @@ def check_type(value: Any, tp: Any, path: str) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # YAML reads an unquoted `32` as a number
+        if isinstance(value, bool):  # `resume=yes`: YAML 1.1's yes/no/on/off/true/false are booleans
+            forms = {"resume": "; resume is auto, null or a checkpoint path"}.get(path, "")
+            raise InputError(
+                f"{path}: expected text, got the boolean {value} (YAML reads an unquoted yes, no, on, off, true or "
+                f"false as one; quote text: {path}=\"'{'yes' if value else 'no'}'\"){forms}"
+            )
     else:
         raise TypeError(f"{path}: unsupported schema type {tp!r}")
     raise InputError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")

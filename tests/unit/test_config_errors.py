@@ -36,6 +36,9 @@ def test_a_run_name_cannot_escape_the_runs_directory(capsys, tmp_path, monkeypat
         ("trainer={max_steps: 1", "override 'trainer={max_steps: 1': the value is not valid YAML"),
         # an empty value (`name=` is null) for a key that needs one: named as such, not "got NoneType None"
         ("name=", "name: needs a value (str), got none (an empty override `name=` or null)"),
+        # was "resume: expected str, got bool True" (#32 sweep)
+        ("resume=yes", "resume: expected text, got the boolean True (YAML reads an unquoted yes, no, on"),
+        ("resume=yes", "; resume is auto, null or a checkpoint path"),
         ("trainer.max_steps=", "trainer.max_steps: needs a value (int), got none"),
         (
             "tr\u0430iner.max_steps=1",
