@@ -156,6 +156,10 @@ def _as_last(done: Path, last: Path) -> Path:
     return last
 
 
+# a run's outputs at its end (curves; a finetune's results and merged model), set aside with its checkpoints
+EARLIER_OUTPUTS = ("curves.png", "results.json", "finetuned.pt")
+
+
 def set_aside_checkpoints(run: TrainingRun) -> Path | None:
     """``resume=null`` in a run directory that holds checkpoints (an earlier run under this name): move them into
     ``checkpoints/replaced-<time>/``, where ``resume=auto`` does not look. Left in place, the earlier run's
@@ -184,8 +188,13 @@ def set_aside_checkpoints(run: TrainingRun) -> Path | None:
         (logs / aside.name).mkdir()
         for path in versions:
             os.replace(path, logs / aside.name / path.name)
+    # and what it wrote at its end, which a fresh run ended early (killed) would otherwise leave as its own
+    outputs = [Path(run.run_path) / name for name in EARLIER_OUTPUTS if (Path(run.run_path) / name).is_file()]
+    for path in outputs:
+        os.replace(path, aside / path.name)
     warnings.warn(
         f"resume=null: the {len(earlier)} checkpoint(s) of an earlier run in {run.run_path} moved to {aside}"
+        + (f" with its {', '.join(p.name for p in outputs)}" if outputs else "")
         + (f" and its CSV logs to {logs / aside.name}" if versions else "")
         + " (resume=auto would have taken them for this run's); delete them once you do not need them",
         stacklevel=2,

@@ -361,15 +361,24 @@ def test_a_fresh_run_under_an_earlier_runs_name_never_resumes_its_checkpoints(tm
     save(tmp_path / "hpc_ckpt_1.ckpt", 4, 100)
     (tmp_path / "logs" / "version_0").mkdir(parents=True)
     (tmp_path / "logs" / "version_0" / "metrics.csv").write_text("step\n4\n")  # its CSV log (#32 sweep)
+    (tmp_path / "results.json").write_text("{}")  # a finetune's outputs: a fresh run killed early left them
+    (tmp_path / "finetuned.pt").write_bytes(b"earlier")  # as its own (#32 sweep)
     run = SimpleNamespace(resume=None, checkpoint_dir=checkpoints, run_dir=tmp_path, run_path=tmp_path)
     monkeypatch.setenv("LOCAL_RANK", "1")  # another rank of a launch leaves it to the first
     assert set_aside_checkpoints(run) is None
     monkeypatch.delenv("LOCAL_RANK")
     with pytest.warns(
-        UserWarning, match="3 checkpoint.* of an earlier run .* moved to .* and its CSV logs to"
+        UserWarning,
+        match="3 checkpoint.* of an earlier run .* moved to .* with its results.json, finetuned.pt and its CSV logs",
     ):
         aside = set_aside_checkpoints(run)
-    assert sorted(p.name for p in aside.iterdir()) == ["best-step4.ckpt", "hpc_ckpt_1.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in aside.iterdir()) == [
+        "best-step4.ckpt",
+        "finetuned.pt",
+        "hpc_ckpt_1.ckpt",
+        "last.ckpt",
+        "results.json",
+    ]
     assert (tmp_path / "logs" / aside.name / "version_0" / "metrics.csv").read_text() == "step\n4\n"
     assert not list((tmp_path / "logs").glob("version_*"))  # curves.png and `pretrain plot` read those
     save(checkpoints / "last.ckpt", 2, 200)  # the fresh run's own
