@@ -1,6 +1,9 @@
 """Peak memory of converting a sharded checkpoint: ``pretrain convert --to single`` (``consolidate``: tensor by
 tensor) against the whole-checkpoint conversion it replaces (every tensor read into memory, then ``torch.save``),
-and ``pretrain merge`` of two such checkpoints.
+and ``pretrain merge`` of two such checkpoints. Then from a checkpoint file (the 124M model's real parameters,
+random, with AdamW's moments by position, as a single-process run writes it): ``pretrain convert --to dcp``
+(each tensor copied out of the file's mapping, the pages released) against writing the mapped tensors themselves
+(before), and ``pretrain convert --to hf`` (``pretrain export``), whose fixed overhead imports transformers too.
 
 The checkpoint: the GPT-2 124M shape (vocab 50304, d=768, 12 layers) with AdamW's two moments and step, written
 by 2 gloo ranks as FSDP2 writes it (each tensor sharded on dim 0, a ``torch.distributed.checkpoint`` directory
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import filecmp
 import json
 import os
 import resource
@@ -102,6 +106,52 @@ def write_rank(out: str, seed: int) -> None:
     dist.destroy_process_group()
 
 
+MODEL = {"arch": "decoder", "vocab_size": 50304, "d_model": 768, "n_layer": 12, "n_head": 12, "d_ff": 3072}
+
+
+def write_file(out: str) -> None:
+    """A checkpoint file of the 124M model (random weights, AdamW moments by position), as `pretrain fit` writes."""
+    import torch
+
+    from pretrain.checkpoint.io import PAYLOAD
+    from pretrain.checkpoint.optimizer_state import optimizer_state_by_position
+    from pretrain.models.config import ModelConfig
+    from pretrain.models.transformer import Transformer
+    from pretrain.optim import group_param_names
+
+    torch.manual_seed(3)
+    model = Transformer(ModelConfig(**MODEL))  # random weights; a tied head shares the embedding's storage
+    state = {"model." + n: t for n, t in model.state_dict().items()}
+    groups = group_param_names(ModelConfig(**MODEL), 0.1, muon=False)
+    names = [n for group in groups for n in group]
+    moments = {
+        n: {
+            "step": torch.tensor(100.0),
+            "exp_avg": torch.randn_like(state[n]),
+            "exp_avg_sq": torch.rand_like(state[n]),
+        }
+        for n in names
+    }
+    optimizer = optimizer_state_by_position(
+        {
+            "state": moments,
+            "param_groups": [
+                {"lr": 6e-4, "weight_decay": decay, "params": group}
+                for decay, group in zip((0.1, 0.0), groups, strict=True)
+            ],
+        }
+    )
+    config = {"model": MODEL, "optim": {"name": "adamw", "weight_decay": 0.1}}
+    checkpoint = {
+        "global_step": 100,
+        "epoch": 0,
+        "state_dict": state,
+        "optimizer_states": [optimizer],
+        PAYLOAD: {"config": config, "tokenizer_json": None},
+    }
+    torch.save(checkpoint, out)
+
+
 def measure(task: str, *args: str) -> dict:
     """Peak RSS (MiB) and wall seconds of ``task`` in a fresh process."""
     out = subprocess.run(
@@ -128,6 +178,39 @@ def task(name: str, args: list[str]) -> None:
         AtomicCheckpointIO().save_checkpoint(full_checkpoint(args[0]), args[1])
     elif name == "merge":
         merge(args[:2], args[2])
+    elif name == "file-overhead":  # the imports of --to dcp, and the file's structure read (mapped)
+        import torch.distributed.checkpoint  # noqa: F401
+
+        from pretrain.checkpoint.io import read
+        from pretrain.checkpoint.stream import convert
+        from pretrain.optim import group_param_names  # noqa: F401
+
+        read(args[0], mmap=True)
+    elif name == "to-dcp":
+        from pretrain.checkpoint.stream import convert
+
+        convert(args[0], "dcp", args[1])
+    elif (
+        name == "to-dcp-mapped"
+    ):  # before: DCP writes the mapped tensors themselves, their pages stay resident
+        from pretrain.checkpoint.stream import open_source, write_dcp
+
+        with open_source(args[0]) as source:
+            source.loadable = set()
+            write_dcp(source, args[1])
+    elif name == "hf-overhead":  # the imports of --to hf, and the file's structure read (mapped)
+        import transformers  # noqa: F401
+
+        from pretrain.checkpoint.io import read
+        from pretrain.models.hf import save_hf  # noqa: F401
+
+        read(args[0], mmap=True)
+    elif name == "to-hf":
+        from pathlib import Path
+
+        from pretrain.finetuning.export import export_checkpoint
+
+        export_checkpoint(Path(args[0]), args[1])
     seconds = time.perf_counter() - start
     print(
         json.dumps(
@@ -143,55 +226,93 @@ def main() -> None:
     parser.add_argument("--work", help="directory for the checkpoints, kept (default: a temporary one)")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--rank-of", help=argparse.SUPPRESS)
+    parser.add_argument("--file-of", help=argparse.SUPPRESS)
+    parser.add_argument("--only-file", action="store_true", help="only the rows converting a checkpoint file")
     args, rest = parser.parse_known_args()
     if args.task:
         return task(args.task, rest)
     if args.rank_of:
         return write_rank(args.rank_of, int(rest[0]))
+    if args.file_of:
+        return write_file(args.file_of)
     with contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for seed, name in ((1, "a"), (2, "b")):
-            if (work / name / ".metadata").is_file():
-                continue
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(29500 + seed),
-                "WORLD_SIZE": "2",
-            }
-            procs = [
-                subprocess.Popen(
-                    [sys.executable, __file__, "--rank-of", str(work / name), str(seed)],
-                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                )
-                for r in range(2)
-            ]
-            assert all(p.wait() == 0 for p in procs)
-        size = sum(f.stat().st_size for f in (work / "a").iterdir()) / 2**20
-        largest = 50304 * 768 * 4 / 2**20
-        rows = {
-            "overhead (imports + metadata)": measure("overhead", str(work / "a")),
-            "convert --to single (streaming)": measure("streaming", str(work / "a"), str(work / "s.ckpt")),
-            "whole checkpoint in memory + torch.save": measure(
-                "whole", str(work / "a"), str(work / "w.ckpt")
-            ),
-            "merge of 2 (streaming)": measure(
-                "merge", str(work / "a"), str(work / "b"), str(work / "m.ckpt")
-            ),
-        }
-        identical = (work / "s.ckpt").read_bytes() == (work / "w.ckpt").read_bytes()
-    print(
-        f"checkpoint: {size:.0f} MiB on disk (2 ranks), largest tensor {largest:.1f} MiB; load {os.getloadavg()}"
-    )
-    print(f"convert output byte-identical to the whole-checkpoint path: {identical}")
-    base = rows["overhead (imports + metadata)"]["peak_mib"]
+        if not args.only_file:
+            sharded(work)
+        from_file(work)
+    return None
+
+
+def table(rows: dict[str, dict], base: float, largest: float) -> None:
     print(f"{'':42} {'peak RSS MiB':>12} {'- overhead':>11} {'/ largest':>10} {'seconds':>8}")
     for label, row in rows.items():
         extra = row["peak_mib"] - base
         print(
             f"{label:42} {row['peak_mib']:>12.0f} {extra:>11.0f} {extra / largest:>10.2f} {row['seconds']:>8.1f}"
         )
-    return None
+
+
+def sharded(work: Path) -> None:
+    """The rows converting the DCP directory written by 2 ranks."""
+    for seed, name in ((1, "a"), (2, "b")):
+        if (work / name / ".metadata").is_file():
+            continue
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + seed), "WORLD_SIZE": "2"}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--rank-of", str(work / name), str(seed)],
+                env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            )
+            for r in range(2)
+        ]
+        assert all(p.wait() == 0 for p in procs)
+    size = sum(f.stat().st_size for f in (work / "a").iterdir()) / 2**20
+    largest = 50304 * 768 * 4 / 2**20
+    rows = {
+        "overhead (imports + metadata)": measure("overhead", str(work / "a")),
+        "convert --to single (streaming)": measure("streaming", str(work / "a"), str(work / "s.ckpt")),
+        "whole checkpoint in memory + torch.save": measure("whole", str(work / "a"), str(work / "w.ckpt")),
+        "merge of 2 (streaming)": measure("merge", str(work / "a"), str(work / "b"), str(work / "m.ckpt")),
+    }
+    identical = filecmp.cmp(work / "s.ckpt", work / "w.ckpt", shallow=False)
+    print(
+        f"checkpoint: {size:.0f} MiB on disk (2 ranks), largest tensor {largest:.1f} MiB; load {os.getloadavg()}"
+    )
+    print(f"convert output byte-identical to the whole-checkpoint path: {identical}")
+    table(rows, rows["overhead (imports + metadata)"]["peak_mib"], largest)
+
+
+def from_file(work: Path) -> None:
+    """The rows converting a checkpoint file: --to dcp (streamed, and before), --to hf."""
+    import shutil
+
+    file = work / "f.ckpt"
+    if not file.is_file():
+        subprocess.run([sys.executable, __file__, "--file-of", str(file)], check=True)
+    for out in ("d", "d-mapped", "hf"):
+        shutil.rmtree(work / out, ignore_errors=True)
+    largest = 50304 * 768 * 4 / 2**20
+    rows = {
+        "overhead (imports + file structure)": measure("file-overhead", str(file)),
+        "convert --to dcp (copied, pages released)": measure("to-dcp", str(file), str(work / "d")),
+        "convert --to dcp (mapped tensors, before)": measure(
+            "to-dcp-mapped", str(file), str(work / "d-mapped")
+        ),
+    }
+    hf = {
+        "overhead (+ transformers, file structure)": measure("hf-overhead", str(file)),
+        "convert --to hf (export)": measure("to-hf", str(file), str(work / "hf")),
+    }
+    names = sorted(p.name for p in (work / "d-mapped").iterdir())  # .metadata: a save's path and ids differ
+    identical = names == sorted(p.name for p in (work / "d").iterdir()) and all(
+        filecmp.cmp(work / "d" / n, work / "d-mapped" / n, shallow=False) for n in names if n != ".metadata"
+    )
+    print(
+        f"checkpoint file: {file.stat().st_size / 2**20:.0f} MiB, largest tensor {largest:.1f} MiB; load {os.getloadavg()}"
+    )
+    print(f"--to dcp output byte-identical to the mapped-tensors path: {identical}")
+    table(rows, rows["overhead (imports + file structure)"]["peak_mib"], largest)
+    table(hf, hf["overhead (+ transformers, file structure)"]["peak_mib"], largest)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ then dropped: a conversion holds one tensor (plus the reader's buffers) at a tim
 
 Sources: a DCP directory (each tensor read whole from its shards by ``torch.distributed.checkpoint``), a DeepSpeed
 directory (DeepSpeed's ``ds_to_universal`` first writes each parameter's fp32 weights, moments and step whole,
-one file each), a file (memory-mapped: each tensor's pages read when the writer reaches them). Targets: one file (``torch.save``'s bytes: ``torch_save_compat.save_filled``), a DCP directory
+one file each), a file (memory-mapped: each tensor copied out of the mapping when the writer reaches it, the
+mapping's pages released as they are copied). Targets: one file (``torch.save``'s bytes: ``torch_save_compat.save_filled``), a DCP directory
 (``torch.distributed.checkpoint.save`` with a planner that reads each tensor as it writes it).
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import functools
 import io
 import mmap
 import tempfile
@@ -117,7 +120,60 @@ def _file_source(path: Path) -> Source:
         tensors[f"optimizer_{i}"] = state
     if EMA_KEY in meta:
         tensors[EMA_KEY] = meta.pop(EMA_KEY)
-    return Source(meta, tensors, lambda key: dcp.get_path(tensors, dcp.flatten(tensors)[key]), set())
+    paths = dcp.flatten(tensors)
+    mapped = {k: v for k, p in paths.items() if isinstance(v := dcp.get_path(tensors, p), torch.Tensor)}
+    return Source(
+        meta, tensors, lambda key: released_copy(mapped[key]), {k for k, v in mapped.items() if v.numel()}
+    )
+
+
+_CHUNK = 16 << 20  # bytes copied out of a mapping before its pages are released
+
+
+def _release(address: int, nbytes: int) -> None:
+    """``madvise(MADV_DONTNEED)`` over the pages of ``[address, address + nbytes)``: a private file mapping's clean
+    pages leave the resident set (read again from the file if touched again)."""
+    start = address - address % mmap.PAGESIZE
+    end = -(-(address + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+    _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
+
+
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s elements fill the memory from its first to its last without gap or overlap."""
+    expected = 1
+    for size, stride in sorted(
+        (p for p in zip(tensor.shape, tensor.stride()) if p[0] != 1), key=lambda p: p[1]
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def released_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A memory-mapped file's ``tensor`` copied into memory of its own (:func:`unpooled`) 16 MiB at a time, each
+    chunk's file pages released once copied: the pages a writer reads from the mapping stayed resident until the
+    whole file was (a file converted ``--to dcp`` grew the resident size to the file's size). The copy keeps the
+    strides of a tensor that covers its memory densely (a transposed one), as DCP writes the tensor itself."""
+    if not tensor.numel():
+        return unpooled(tensor.shape, tensor.dtype)
+    if not _dense(tensor):  # a view with gaps: copied whole, contiguous (DCP clones it)
+        out = unpooled(tensor.shape, tensor.dtype)
+        out.copy_(tensor)
+        _release(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        return out
+    flat = unpooled(torch.Size([tensor.numel()]), tensor.dtype)
+    target = flat.view(torch.uint8)
+    source = torch.as_strided(tensor, (tensor.numel(),), (1,)).view(torch.uint8)  # its memory, in order
+    for at in range(0, source.numel(), _CHUNK):
+        target[at : at + _CHUNK].copy_(source[at : at + _CHUNK])
+        _release(source.data_ptr() + at, min(_CHUNK, source.numel() - at))
+    return flat.as_strided(tensor.shape, tensor.stride())
 
 
 def unpooled(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -233,16 +289,25 @@ def _universal(file: Path, shape: torch.Size) -> torch.Tensor:
 
 
 class _ReadingPlanner(DefaultSavePlanner):
-    """``DefaultSavePlanner`` over placeholders: each tensor item is read from the source when it is written."""
+    """``DefaultSavePlanner`` over placeholders: each tensor item is read from the source when it is written.
+    ``FileSystemWriter`` keeps a reference to every tensor it wrote until its file is closed (a dict it uses only
+    for its safetensors format): the whole checkpoint stayed resident. The planner is asked for the next tensor
+    once the one before is written, so it then releases that one's pages (``MADV_DONTNEED``: anonymous ones freed,
+    a mapped file's dropped); the dict's reference, never read in the torch-save format, sees zeros."""
 
     def __init__(self, source: Source):
         super().__init__()
         self.source = source
+        self.written: torch.Tensor | None = None
 
     def resolve_data(self, write_item: Any) -> Any:
         if write_item.index.fqn not in self.source.loadable:
             return super().resolve_data(write_item)
-        return self.source.load(write_item.index.fqn)
+        if self.written is not None:  # written by now: its memory given back
+            storage = self.written.untyped_storage()
+            _release(storage.data_ptr(), storage.nbytes())
+        self.written = self.source.load(write_item.index.fqn)
+        return self.written
 
 
 def write_dcp(source: Source, out: str | Path) -> Path:

@@ -114,3 +114,74 @@ def test_a_tensor_read_for_conversion_gives_its_memory_back_to_the_os_when_dropp
         kept.append(torch.ones(256))
         del tensor
     assert resident_mib() - before < 4
+
+
+def file_checkpoint(path, mib: int = 4, layers: int = 4) -> None:
+    """A checkpoint file of ``layers`` tensors of ``mib`` MiB with a moment each, a transposed one and a tied one."""
+    rows = mib << 8
+    weights = {f"model.w{i}": torch.randn(rows, 1024) for i in range(layers)}
+    weights["model.t"] = torch.randn(64, 32).t()  # a transposed view: written with its strides
+    weights["model.tied"] = weights["model.w0"]
+    moments = {n: {"step": torch.tensor(3.0), "exp_avg": torch.randn_like(t)} for n, t in weights.items()}
+    groups = [{"lr": 1.0, "params": list(weights)}]
+    optimizer = {"state": moments, "param_groups": groups}
+    torch.save({"global_step": 3, "state_dict": weights, "optimizer_states": [optimizer]}, path)
+
+
+def test_a_file_converted_to_dcp_writes_what_dcp_writes_for_its_mapped_tensors(tmp_path):
+    """``pretrain convert FILE --to dcp`` copies each tensor out of the file's mapping (pages released): the shard
+    file and ``meta.pt`` are byte for byte what DCP writes for the mapped tensors themselves (the path before);
+    ``.metadata`` equal but for its ``storage_meta`` (the temporary directory and fresh ids of every save)."""
+    from pretrain.checkpoint.stream import convert, open_source, write_dcp
+
+    file_checkpoint(tmp_path / "f.ckpt", mib=1, layers=2)
+    convert(tmp_path / "f.ckpt", "dcp", tmp_path / "new")
+    with open_source(tmp_path / "f.ckpt") as source:
+        source.loadable = set()  # before: DCP writes the mapped tensors, their pages resident
+        write_dcp(source, tmp_path / "old")
+    files = sorted(p.name for p in (tmp_path / "old").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "new").iterdir())
+    for name in files:
+        if name != ".metadata":
+            assert (tmp_path / "new" / name).read_bytes() == (tmp_path / "old" / name).read_bytes(), name
+    old, new = dcp.metadata(tmp_path / "old"), dcp.metadata(tmp_path / "new")
+    assert old.state_dict_metadata == new.state_dict_metadata
+    assert old.storage_data == new.storage_data and old.planner_data == new.planner_data
+
+
+def test_a_file_converted_to_dcp_keeps_one_tensors_pages_at_a_time(tmp_path, monkeypatch):
+    """Each tensor is copied out of the file's mapping 16 MiB at a time, the mapping's pages released as they
+    are copied: after every tensor read, under 1 MiB of the file's 128 MiB is resident (before: every page the writer had
+    read stayed, the whole file at the end), and the process's resident size grows by at most 2 tensors."""
+    from pretrain.checkpoint import stream
+
+    file_checkpoint(tmp_path / "f.ckpt", mib=8, layers=4)  # 8 tensors of 8 MiB: 64 MiB of tensors
+
+    def resident_kib(file=None):
+        if file is None:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+        total, ours = 0, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and not head[0].endswith(":"):
+                    ours = len(head) >= 6 and head[-1] == str(file)
+                elif ours and head[0] == "Rss:":
+                    total += int(head[1])
+        return total
+
+    mapped, process, copied = [], [], stream.released_copy
+
+    def recorded(tensor):
+        out = copied(tensor)
+        mapped.append(resident_kib(tmp_path / "f.ckpt"))
+        process.append(resident_kib())
+        return out
+
+    monkeypatch.setattr(stream, "released_copy", recorded)
+    before = resident_kib()
+    stream.convert(tmp_path / "f.ckpt", "dcp", tmp_path / "dcp")
+    assert len(mapped) == 18, mapped  # 4 weights, the transposed and tied ones, a moment and a step each
+    assert max(mapped) < 1024, mapped  # KiB: the pickle's pages, the kernel's fault-around (64 KiB) of a read
+    assert max(process) - before < 2 * 8 * 1024 + 4096
