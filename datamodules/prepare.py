@@ -684,6 +684,10 @@ def prepare(
             atomic_write_text(tmp / "tokenizer.json", plan_.tokenizer.to_str())
             atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2))
             replace_path(tmp, out_dir)
+            # the tasks of a killed `prepare --executor` for this directory: the output they were to make is
+            # built (a later --executor run of these settings reuses it), nothing can assemble them any more
+            for staging in out_dir.parent.glob(f".{out_dir.name}.tasks-*"):
+                shutil.rmtree(staging, ignore_errors=True)
         except OSError as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise naming(err, tmp) from err

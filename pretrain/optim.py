@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from pretrain.compat.muon import newton_schulz_dtype, resolve
 from pretrain.compat.optim import honours_found_inf
 from pretrain.config import OptimConfig
+from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -291,6 +292,13 @@ def build_optimizer(
     fused = not amp and devices in ({"cuda"}, {"cpu"})
     if not muon:
         return torch.optim.AdamW(groups, fused=fused or None, **kwargs)
+    if not any(
+        g["name"] == "muon" for g in groups
+    ):  # torch's "optimizer got an empty parameter list" traceback
+        raise InputError(
+            f"optim.name=muon: {type(model).__name__} has no weight matrices Muon trains (the hidden 2-D weights "
+            "pretrain.optim.param_groups gives it; embeddings, norms and heads go to AdamW); use optim.name=adamw"
+        )
     m = cfg.muon
     muon_kwargs = {
         "lr": m.lr,

@@ -29,7 +29,12 @@ class BaselineModule(StepLossHooks, FreeGradientsAfterStep, L.LightningModule):
         super().__init__()
         self.model, self.optim, self.max_steps, self.objective = model, optim, max_steps, objective
         self.flops_per_batch: float | None = None  # read by the ThroughputMonitor
+        self.recipe: dict[str, Any] | None = None  # ``resume_settings``, saved in every checkpoint (``fit``)
         self._val_sums: dict[str, Tensor] = {}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.recipe is not None:
+            checkpoint[SETTINGS_KEY] = self.recipe
 
     def on_train_start(self) -> None:
         self.start_step_loss()
@@ -88,11 +93,71 @@ def fit(
     from pretrain.training.trainer import build_trainer
 
     ckpt = resume_path(run)
+    module.recipe = resume_settings(resolved)
     if ckpt is not None:
-        check_same_model(read(ckpt, mmap=True).get("state_dict", {}), module.state_dict(), ckpt)
+        saved = read(ckpt, mmap=True)
+        check_same_model(saved.get("state_dict", {}), module.state_dict(), ckpt)
+        check_same_settings(saved.get(SETTINGS_KEY), module.recipe, ckpt)
     trainer = build_trainer(run, resolved)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     return trainer
+
+
+SETTINGS_KEY = (
+    "baseline_settings"  # in every baseline checkpoint: what a resume must keep (``resume_settings``)
+)
+# how a run executes and records, free to change on a resume (the rest gives the checkpoint's state its meaning)
+# (and where the raw text lies: the prepared data and the tokenizer file stand for it)
+FREE = (
+    "name",
+    "run_dir",
+    "resume",
+    "resume_allow",
+    "trainer",
+    "logger",
+    "checkpoint",
+    "data.num_workers",
+    "tokenizer.train_files",
+)
+
+
+def resume_settings(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's settings a resume compares (flattened, ``FREE`` left out), with the learning-rate schedule's
+    length as it takes effect (``optim.decay_steps``, by default ``trainer.max_steps``)."""
+
+    def flat(node: Any, prefix: str) -> dict[str, Any]:
+        if not isinstance(node, dict):
+            return {prefix: node}
+        return {k: v for key, value in node.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+
+    values = {k.rstrip("."): v for k, v in flat(resolved, "").items()}
+    kept = {k: v for k, v in values.items() if not any(k == f or k.startswith(f + ".") for f in FREE)}
+    if isinstance(kept.get("data.sources"), list):
+        kept["data.sources"] = [
+            {k: v for k, v in source.items() if k != "text"} if isinstance(source, dict) else source
+            for source in kept["data.sources"]
+        ]
+    optim = resolved.get("optim") or {}
+    kept["optim.decay_steps"] = optim.get("decay_steps") or (resolved.get("trainer") or {}).get("max_steps")
+    return kept
+
+
+def check_same_settings(saved: dict[str, Any] | None, current: dict[str, Any], path: Any) -> None:
+    """``InputError`` naming every setting of ``current`` that differs from the checkpoint's (``saved``; None for
+    a checkpoint written before they were recorded): before, a baseline resumed under another learning rate,
+    window or number of negatives without a word (the optimizer state kept the old rate)."""
+    if saved is None:
+        return
+    differ = [
+        f"{key}: checkpoint {saved.get(key)!r} vs config {current.get(key)!r}"
+        for key in sorted(saved.keys() | current.keys())
+        if saved.get(key) != current.get(key)
+    ]
+    if differ:
+        raise InputError(
+            f"cannot resume {path}: {'; '.join(differ)}; resume with the checkpoint's settings, or start a new run "
+            "(name=NEW or resume=null)"
+        )
 
 
 def check_same_model(saved: dict[str, Tensor], current: dict[str, Tensor], path: Any) -> None:

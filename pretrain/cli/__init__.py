@@ -82,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow --flags
     unknown = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = ""
+        if hasattr(args, "overrides") and any(e.startswith("--") for e in unknown):  # `--max-steps 3`
+            hint = (
+                "; a recipe's settings are key=value overrides, e.g. trainer.max_steps=100 (--print-config "
+                "shows every key)"
+            )
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if extra:
         args.overrides = [*args.overrides, *extra]
     handler = args.handler

@@ -18,6 +18,7 @@ from pretrain.baselines.lstm_lm import StreamBatches, stream_perplexity
 from pretrain.baselines.run import run_recipe
 from pretrain.baselines.seq2seq import pad_pairs
 from pretrain.cli import main as cli_main
+from pretrain.errors import InputError
 from pretrain.models.rnn import RNNConfig, RNNLanguageModel
 from pretrain.models.word_vectors import WordVectors, word_tokenizer
 
@@ -268,3 +269,27 @@ def test_a_baseline_recipe_is_reproducible_from_its_seed(corpus):
         run_recipe("recipes/lstm-lm-tiny.yaml", small(corpus, f"seeded{i}", *extra)) for i in (0, 1)
     )
     assert first["val/loss"] == second["val/loss"]  # the model's initialisation comes from the seed too
+
+
+def test_a_baseline_resumed_under_other_settings_is_refused(corpus):
+    """`pretrain baseline sgns-tiny name=bl4 trainer.max_steps=8 optim.lr=0.5 baselines.window=2` on a run of
+    4 steps resumed it without a word: the window changed under the trained vectors and the optimizer state kept
+    the old learning rate (0.01 for the 0.5 asked). A resume now compares the recipe's settings with the
+    checkpoint's, as pretrain fit does (how the run executes and records may change). Found by the #32 sweep."""
+    extra = ["trainer.val_check_interval=2", "trainer.limit_val_batches=1", "data.micro_batch_size=4"]
+    extra += ["data.seq_len=32", "baselines.dim=8"]
+    run_recipe("recipes/sgns-tiny.yaml", small(corpus, "resumed", "trainer.max_steps=2", *extra))
+    more = small(corpus, "resumed", "trainer.max_steps=3", "optim.decay_steps=2", *extra)
+    with pytest.raises(
+        InputError, match=r"baselines.window: checkpoint \d+ vs config 2; optim.lr: checkpoint"
+    ):
+        run_recipe("recipes/sgns-tiny.yaml", [*more, "baselines.window=2", "optim.lr=0.5"])
+    with pytest.raises(
+        InputError, match="optim.decay_steps: checkpoint 2 vs config 4"
+    ):  # the schedule's length
+        run_recipe("recipes/sgns-tiny.yaml", small(corpus, "resumed", "trainer.max_steps=4", *extra))
+    results = run_recipe("recipes/sgns-tiny.yaml", [*more, "trainer.progress_bar=true", "data.num_workers=1"])
+    assert (
+        results["kind"] == "sgns"
+        and torch.load(corpus / "resumed" / "checkpoints" / "last.ckpt")["global_step"] == 3
+    )

@@ -275,6 +275,19 @@ def test_cache_hit_change_and_atomic_rebuild(tmp_path, tokenizer):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "prep"]  # no temporary directory left
 
 
+def test_a_plain_prepare_removes_the_tasks_a_killed_executor_run_left(tmp_path, tokenizer):
+    """`pretrain prepare R --executor local --tasks 4` killed (SIGKILL), then `pretrain prepare R`: the output was
+    built, but `.<dir>.tasks-<hex>/` (up to a whole corpus of shards) stayed next to it for good. Found by the
+    #32 sweep."""
+    src = tmp_path / "c.txt"
+    src.write_text("one two three\n\nfour five\n")
+    staging = tmp_path / ".prep.tasks-e8e1c7316c56"
+    (staging / "task-00000").mkdir(parents=True)
+    (staging / "task-00000" / "train.bin").write_bytes(b"shards of a killed run")
+    prepare(src, tokenizer, tmp_path / "prep", val_fraction=0.0, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "prep"]
+
+
 def test_prepare_bad_input(tmp_path, tokenizer):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         prepare(tmp_path / "missing.txt", tokenizer, tmp_path / "o", progress=False)

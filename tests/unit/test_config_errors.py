@@ -143,3 +143,14 @@ def test_async_save_under_deepspeed_is_refused_in_one_line(capsys):
     line = one_error_line(capsys, "fit", GPT_TINY, "strategy.name=deepspeed", "checkpoint.async_save=true")
     assert "checkpoint.async_save=true is not supported with strategy deepspeed" in line
     assert "checkpoint.async_save=false" in line
+
+
+def test_an_option_for_a_setting_names_the_override_form(capsys):
+    """`pretrain fit gpt-tiny --max-steps 3` said only 'unrecognized arguments: --max-steps 3'; the line now says
+    settings are key=value overrides. Found by the #32 sweep."""
+    from pretrain.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", str(GPT_TINY), "--max-steps", "3"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "settings are key=value overrides, e.g. trainer.max_steps=100" in err

@@ -120,3 +120,12 @@ def test_scheduler_drives_the_optimizer_lr():
         opt.step()
         sched.step()
     assert seen == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+
+
+def test_muon_on_a_model_without_hidden_matrices_is_one_line():
+    """`pretrain baseline sgns-tiny optim.name=muon`: SGNS has embeddings only, and torch's 'optimizer got an empty
+    parameter list' ended in a traceback ('this is a bug in pretrain'). Found by the #32 sweep."""
+    from pretrain.errors import InputError
+
+    with pytest.raises(InputError, match="optim.name=muon: Embedding has no weight matrices Muon trains"):
+        build_optimizer(nn.Embedding(10, 4), OptimConfig(name="muon"))
