@@ -144,7 +144,7 @@ def load_model(
     path = Path(path)
     with tempfile.TemporaryDirectory() as tmp:
         single = consolidate(path, Path(tmp) / "consolidated.ckpt") if path.is_dir() else path
-        checkpoint = read(single)
+        checkpoint = read(single, mmap=True)  # the optimizer state is never read into memory
     if PAYLOAD not in checkpoint:
         raise InputError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
     info = checkpoint[PAYLOAD]
