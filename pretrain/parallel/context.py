@@ -41,7 +41,7 @@ import dataclasses
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -181,7 +181,9 @@ class ContextParallel:
             if inputs.cross
             else ("key_mask", "document_ids", "global_ids", "prefix_keys")
         )
-        changes = {name: self.gather_tokens(getattr(inputs, name)) for name in key_fields}
+        changes: dict[str, Tensor | int | tuple[int, int] | None] = {
+            name: self.gather_tokens(getattr(inputs, name)) for name in key_fields
+        }
         changes["key_len"] = inputs.key_len * self.size
         if not inputs.cross:
             changes["query_positions"] = self.positions(inputs.query_len, device)
@@ -190,9 +192,19 @@ class ContextParallel:
         return dataclasses.replace(inputs, **changes)
 
 
-def stacks(model: nn.Module) -> Iterable[nn.Module]:
+class ContextParallelStack(Protocol):
+    """A module that takes a ``context_parallel`` (the transformer's ``Stack``: its encoder and decoder)."""
+
+    context_parallel: ContextParallel | None
+
+
+def _is_stack(module: nn.Module) -> TypeGuard[ContextParallelStack]:
+    return hasattr(module, "context_parallel")
+
+
+def stacks(model: nn.Module) -> Iterable[ContextParallelStack]:
     """The modules of ``model`` that take a ``context_parallel`` (the transformer's encoder and decoder stacks)."""
-    return (m for m in model.modules() if hasattr(m, "context_parallel"))
+    return (m for m in model.modules() if _is_stack(m))
 
 
 def apply_context_parallel(model: nn.Module, group: Any) -> None:
