@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,15 +37,24 @@ NOTICES = {
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # pretrain/
 _OTHERS_FORMAT = [warnings.formatwarning]  # the format ours wraps (Lightning's, where it was imported first)
+_FORMATTING = threading.local()
 
 
 def _format_warning(
     message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
 ) -> str:
-    """Our warnings as ``warning: <message>``: what they say is the whole message, not where it was raised."""
+    """Our warnings as ``warning: <message>``: what they say is the whole message, not where it was raised.
+    Others' in the format ours wraps; when that format wraps ours in turn (Lightning's, imported after a first
+    ``quiet_libraries`` and wrapped by a second: each calls the other), Python's layout without the source line."""
     if str(filename).startswith(_PACKAGE):
         return f"warning: {message}\n"
-    return _OTHERS_FORMAT[0](message, category, filename, lineno, line)
+    if getattr(_FORMATTING, "active", False):
+        return f"{filename}:{lineno}: {category.__name__}: {message}\n"
+    _FORMATTING.active = True
+    try:
+        return _OTHERS_FORMAT[0](message, category, filename, lineno, line)
+    finally:
+        _FORMATTING.active = False
 
 
 class _DropNotices(logging.Filter):

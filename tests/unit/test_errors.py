@@ -130,3 +130,28 @@ def test_our_warnings_are_one_line_and_a_resumes_directory_notice_is_dropped(mon
             module="lightning.pytorch.callbacks.model_checkpoint",
         )
     assert not caught
+
+
+def test_a_format_that_wraps_ours_in_turn_does_not_recurse(monkeypatch):
+    """quiet_libraries, then a library wrapping the format it finds (Lightning, imported after: its
+    _custom_format_warning calls the format it replaced, ours), then quiet_libraries again (wrapping Lightning's):
+    each called the other until RecursionError, a pytest INTERNALERROR (found by the #29 convert work)."""
+    import warnings
+
+    from pretrain.training.quiet import quiet_libraries
+
+    monkeypatch.delenv("PRETRAIN_DEBUG", raising=False)
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # put back after the test
+    quiet_libraries()
+    wrapped = warnings.formatwarning
+
+    def library_format(
+        message, category, filename, lineno, line=None
+    ):  # as Lightning's wraps the one it found
+        return wrapped(message, category, filename, lineno, line)
+
+    warnings.formatwarning = library_format
+    quiet_libraries()
+    assert warnings.formatwarning("a notice", UserWarning, "/lib/x.py", 3, "src") == (
+        "/lib/x.py:3: UserWarning: a notice\n"
+    )
