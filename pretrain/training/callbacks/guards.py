@@ -58,7 +58,7 @@ from pretrain.compat.dtensor import local_shard
 from pretrain.compat.optim import honours_found_inf
 from pretrain.config.run import GuardsConfig, HangGuardConfig
 from pretrain.training.callbacks.host_sync import DeferredRead, allowed
-from pretrain.training.step import ends_step
+from pretrain.training.step import StepLossHooks, ends_step
 
 
 def _cpu_copy(obj: Any, into: Any = None, copies: dict[TensorKey, Tensor] | None = None) -> Any:
@@ -186,7 +186,10 @@ class StepGuard(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """The verdict on the device: all-reduce (sum_m S_m, non-finite flag), skip the update where due."""
-        step = pl_module.step_loss  # every module's (training.step.StepLossHooks), made at train start
+        # every module's (training.step.StepLossHooks): made at train start, begun by the step's first micro-batch
+        assert isinstance(pl_module, StepLossHooks) and pl_module.step_loss is not None
+        step = pl_module.step_loss
+        assert step.loss_sum is not None and step.num_targets is not None
         params = [p for group in optimizer.param_groups for p in group["params"]]
         flags = torch.stack([step.loss_sum, _nonfinite(step.grad_norm(params), step.loss_sum.device)])
         if trainer.world_size > 1:
@@ -199,7 +202,8 @@ class StepGuard(Callback):
             spiked = loss.double() > self._threshold()  # the m-th spike in a row: rolled back, not applied
             skip = spiked if skip is None else skip | spiked
         if skip is not None and _skips_on_device(optimizer):
-            optimizer.found_inf = skip.float()  # read by the fused kernel (as GradScaler passes it)
+            # read by the fused kernel (as GradScaler passes it); torch's Optimizer does not declare the attribute
+            optimizer.found_inf = skip.float()  # type: ignore[attr-defined]
         elif skip is not None and bool(skip):  # no device-side skip: this reads the verdict on the host
             self._drop_update(params)
         verdict = DeferredRead(torch.stack([loss.double(), bad.double()]))
@@ -431,7 +435,7 @@ def _local_tensors(module: torch.nn.Module) -> dict[str, Tensor]:
 
 def _data_position(trainer: L.Trainer) -> tuple[int, int]:
     """(epoch, global samples consumed in it) of the training stream (``PretrainDataModule``), else (0, 0)."""
-    data = trainer.datamodule
+    data = trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's DataConnector, not declared
     return int(getattr(data, "epoch", 0)), int(getattr(data, "consumed_samples", 0))
 
 
