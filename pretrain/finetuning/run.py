@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
+from tokenizers import Tokenizer
 
 from pretrain.errors import InputError
 from pretrain.finetuning.backbone import freeze, load_backbone
@@ -19,8 +21,23 @@ from pretrain.finetuning.module import FinetuneModule, Text2TextModule
 from pretrain.io import atomic_write_text
 from pretrain.models.heads import TaskModel
 
+if TYPE_CHECKING:
+    from pretrain.datamodules.finetune import FinetuneDataModule
+    from pretrain.datamodules.text2text import Text2TextDataModule
 
-def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class FinetuneParts:
+    """What :func:`build_parts` builds for a finetuning run."""
+
+    module: FinetuneModule | Text2TextModule
+    datamodule: FinetuneDataModule | Text2TextDataModule
+    tokenizer: Tokenizer  # the backbone's
+    roles: dict[str, str]  # special-token roles: the backbone's, then data.special_tokens
+    label_names: list[str] | None  # a head's classes (None: text2text)
+
+
+def build_parts(cfg: FinetuneConfig) -> FinetuneParts:
     """Backbone, tokenizer, datamodule (read and checked) and LightningModule; every input error surfaces here."""
     L.seed_everything(cfg.seed, verbose=False)  # before a randomly initialised backbone is built
     backbone, tokenizer, roles = load_backbone(cfg.init)
@@ -57,13 +74,9 @@ def build_parts(cfg: FinetuneConfig) -> dict[str, Any]:
 
     if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets the rank on the function
         print(trainable_summary(module.model))
-    return {
-        "module": module,
-        "datamodule": datamodule,
-        "tokenizer": tokenizer,
-        "roles": roles,
-        "label_names": labels,
-    }
+    return FinetuneParts(
+        module=module, datamodule=datamodule, tokenizer=tokenizer, roles=roles, label_names=labels
+    )
 
 
 def check_lengths(cfg: FinetuneConfig, model: Any) -> None:
@@ -99,6 +112,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
 def _run(cfg: FinetuneConfig) -> dict[str, Any]:
     from pretrain.checkpoint.io import payload
     from pretrain.checkpoint.resume import check_resumable, check_trainable, compare_for_resume
+    from pretrain.datamodules.finetune import FinetuneDataModule
     from pretrain.finetuning.checkpoint import FINETUNE_RESUME
     from pretrain.finetuning.lora import parameter_counts
     from pretrain.training.quiet import data_position_restored
@@ -117,12 +131,12 @@ def _run(cfg: FinetuneConfig) -> dict[str, Any]:
         changes = compare_for_resume(FINETUNE_RESUME, saved, current, cfg.resume_allow, ckpt)
         wandb_id = continued_wandb_id(ckpt, saved, cfg.run_path)
     parts = build_parts(cfg)
-    module, datamodule = parts["module"], parts["datamodule"]
+    module, datamodule = parts.module, parts.datamodule
     module.resume_changes = frozenset(changes)
     # a head's checkpoints carry the tokenizer with the run's template and truncation: exported, it encodes as
     # training did (`[CLS] A [SEP]` ...); text-to-text keeps the backbone's
-    tokenizer = parts["tokenizer"] if cfg.head.kind == "text2text" else datamodule.tokenizer
-    module.payload = finetune_payload(cfg, module.model, tokenizer, parts["roles"], parts["label_names"])
+    tokenizer = datamodule.tokenizer if isinstance(datamodule, FinetuneDataModule) else parts.tokenizer
+    module.payload = finetune_payload(cfg, module.model, tokenizer, parts.roles, parts.label_names)
     # the W&B run a resume continues (before: every launch started a W&B run of its own)
     module.payload["wandb_run_id"] = wandb_id = wandb_id or new_run_id()
     trainer = build_trainer(cfg, dataclasses.asdict(cfg), wandb_id=wandb_id)

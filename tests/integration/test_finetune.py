@@ -143,9 +143,9 @@ def test_random_bert_learns_saves_and_reloads(files, tmp_path):
     assert saved["label_names"] == ["0", "1"]
     ids = torch.tensor([tokenizer.encode("<cls> the film was superb <sep>", add_special_tokens=False).ids])
     parts = build_parts(cfg)  # a fresh module with the same head shape
-    parts["module"].model.load_state_dict(model.state_dict())
+    parts.module.model.load_state_dict(model.state_dict())
     with torch.no_grad():
-        torch.testing.assert_close(model(ids), parts["module"].model.eval()(ids))
+        torch.testing.assert_close(model(ids), parts.module.model.eval()(ids))
 
 
 def test_regression_logs_correlations(files, tmp_path):
@@ -157,11 +157,11 @@ def test_regression_logs_correlations(files, tmp_path):
 def test_gpt_frames_pairs_as_text_and_reads_the_last_state(files, tmp_path):
     cfg = validate(raw(files, tmp_path, GPT, save=False, trainer={"max_steps": 3}, data=pairs(files)))
     parts = build_parts(cfg)
-    ids = parts["datamodule"].examples["train"][0][0]
-    tok = parts["tokenizer"]
+    ids = parts.datamodule.examples["train"][0][0]
+    tok = parts.tokenizer
     assert [tok.id_to_token(ids[0]), tok.id_to_token(ids[-1])] == ["<s>", "<cls>"]  # start ... extract
     assert tok.token_to_id("<sep>") in ids  # the delimiter between the two sentences
-    assert parts["module"].model.pooling == "last"
+    assert parts.module.model.pooling == "last"
     assert "pearson" in run(cfg)["val"]
 
 
@@ -199,24 +199,24 @@ def test_t5_text_to_text_translation(files, tmp_path):
 
     model, _, tokenizer = load_finetuned(tmp_path / "run" / "finetuned.pt")
     hypotheses = []
-    for batch in build_parts(cfg)["datamodule"].val_dataloader():
+    for batch in build_parts(cfg).datamodule.val_dataloader():
         tokens = decode_targets(model, batch, cfg.decoding, eos=2, pad=0)
         hypotheses += [t.strip() for t in tokenizer.decode_batch(tokens.tolist(), skip_special_tokens=True)]
     references = (tmp_path / "val.tgt").read_text().splitlines()
     expected = sacrebleu.corpus_bleu(hypotheses, [references]).score
     assert results["val"]["bleu"] == pytest.approx(expected, abs=1e-4)
     parts = build_parts(cfg)
-    batch = next(iter(parts["datamodule"].val_dataloader()))
+    batch = next(iter(parts.datamodule.val_dataloader()))
     for strategy in ("greedy", "sample"):
         tokens = decode_targets(
-            parts["module"].model, batch, DecodingConfig(strategy=strategy, max_new_tokens=5, top_k=5), 2, 0
+            parts.module.model, batch, DecodingConfig(strategy=strategy, max_new_tokens=5, top_k=5), 2, 0
         )
         assert tokens.shape == (16, 5) or (tokens.shape[0] == 16 and tokens.shape[1] < 5)
 
 
 def test_freeze_and_head_learning_rate(files, tmp_path):
     cfg = validate(raw(files, tmp_path, BERT, head={"lr": 1e-2}, freeze={"embeddings": True, "layers": 1}))
-    module = build_parts(cfg)["module"]
+    module = build_parts(cfg).module
     backbone = module.model.backbone
     assert not any(p.requires_grad for p in backbone.embed.parameters())
     assert not any(p.requires_grad for p in backbone.encoder.blocks[0].parameters())
@@ -287,7 +287,7 @@ def test_checkpoint_without_tokenizer(files, tmp_path):
     with pytest.raises(ValueError, match="holds no tokenizer; pass init.tokenizer"):
         build_parts(validate(cfg))
     cfg["init"]["tokenizer"] = str(files / "tokenizer.json")  # the fix named by the error
-    assert build_parts(validate(cfg))["module"].model.backbone.config.d_model == 32
+    assert build_parts(validate(cfg)).module.model.backbone.config.d_model == 32
 
 
 def test_hugging_face_directory_without_tokenizer(files, tmp_path):

@@ -100,7 +100,7 @@ def test_finetuning_steps_read_nothing_from_the_device(tmp_path, finetune_files,
     )
     parts = build_parts(cfg)
     trainer = build_trainer(cfg, {})
-    trainer.fit(parts["module"], datamodule=parts["datamodule"])
+    trainer.fit(parts.module, datamodule=parts.datamodule)
     check = next(cb for cb in trainer.callbacks if isinstance(cb, SyncCheck))
     assert check.checked_steps == 3 and not check.counts
 

@@ -56,13 +56,13 @@ def test_a_train_file_with_one_class_is_refused(tmp_path, tokenizer):
         ValueError, match="every example has label '1'; a classifier needs two or more classes"
     ):
         parts(tmp_path, tokenizer, "sentence\tlabel\na good film\t1\nlovely\t1\n")
-    assert parts(tmp_path, tokenizer, TWO_CLASSES)["datamodule"].num_labels == 2
+    assert parts(tmp_path, tokenizer, TWO_CLASSES).datamodule.num_labels == 2
 
 
 def test_max_length_below_the_templates_special_tokens_is_refused(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="max_length=2 leaves no room for text: the template adds 2 special"):
         parts(tmp_path, tokenizer, TWO_CLASSES, max_length=2)
-    encoded = parts(tmp_path, tokenizer, TWO_CLASSES, max_length=3)["datamodule"].examples["train"]
+    encoded = parts(tmp_path, tokenizer, TWO_CLASSES, max_length=3).datamodule.examples["train"]
     assert max(len(ids) for ids, _, _ in encoded) == 3  # truncation on: [CLS] one token [SEP]
 
 
@@ -73,7 +73,7 @@ def test_max_length_beyond_the_backbones_positions_is_refused(tmp_path, tokenize
 
 def test_a_csv_file_is_read_as_comma_separated(tmp_path, tokenizer):
     csv = 'sentence,label\n"a good film, really",1\na bad plot,0\n'
-    datamodule = parts(tmp_path, tokenizer, csv, name="train.csv")["datamodule"]
+    datamodule = parts(tmp_path, tokenizer, csv, name="train.csv").datamodule
     assert datamodule.label_names == ["0", "1"] and len(datamodule.examples["train"]) == 2
 
 
