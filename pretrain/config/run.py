@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
 from pretrain.config.compose import check_run_name, check_type, compose, shared_data, structured
 from pretrain.datamodules.corpus import document_mode
@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
 ObjectiveName = Literal["clm", "mlm", "span_corruption", "prefix_lm", "ul2"]  # the pretraining objectives
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
+Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]  # PRECISIONS as a type (Lightning's)
+
+
+def is_precision(value: str) -> TypeGuard[Precision]:
+    """Whether ``value`` is one of ``PRECISIONS`` (validation refuses any other ``trainer.precision``)."""
+    return value in PRECISIONS
+
+
 # what a resume may find changed when resume_allow lists it (pretrain.training.setup.FIT_RESUME,
 # pretrain.finetuning.checkpoint.FINETUNE_RESUME)
 ResumeChange = Literal["tokenizer", "data", "objective", "optimizer", "lr_schedule", "data_schedule", "batch"]

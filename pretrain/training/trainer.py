@@ -19,7 +19,7 @@ from pretrain import compat
 from pretrain.checkpoint.async_save import AsyncCheckpointIO
 from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.compat import lightning as lightning_compat
-from pretrain.config.run import TrainingRun, check_checkpoint
+from pretrain.config.run import RunConfig, TrainingRun, check_checkpoint, is_precision
 from pretrain.training.callbacks.best import BestCheckpoints
 from pretrain.training.callbacks.garbage import ScheduledGarbageCollection
 from pretrain.training.callbacks.guards import StepGuard, build_guards
@@ -116,8 +116,8 @@ def build_loggers(run: TrainingRun, resolved: dict[str, Any], wandb_id: str | No
         loggers.append(CSVLogger(save_dir=str(out), name="logs"))
     if cfg.tensorboard:
         loggers.append(TensorBoardLogger(save_dir=str(out), name="tensorboard"))
-    for logger in loggers[1 if cfg.wandb.enabled else 0 :]:
-        logger.log_hyperparams(resolved)  # hparams.yaml next to the metrics
+    for other in loggers[1 if cfg.wandb.enabled else 0 :]:
+        other.log_hyperparams(resolved)  # hparams.yaml next to the metrics
     return loggers
 
 
@@ -141,7 +141,7 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
         callbacks.append(SyncCheck(run.trainer.sync_check))
     if run.trainer.gc_every_n_steps:
         callbacks.append(ScheduledGarbageCollection(run.trainer.gc_every_n_steps))
-    if getattr(run, "eval_during_fit", None) and run.eval_during_fit.tasks:  # a RunConfig section only
+    if isinstance(run, RunConfig) and run.eval_during_fit.tasks:  # a RunConfig section only
         from pretrain.training.callbacks.in_loop_eval import InLoopEvaluation
 
         callbacks.append(InLoopEvaluation(run.eval_during_fit, run.tokenizer.special_tokens))
@@ -154,6 +154,7 @@ def build_callbacks(run: TrainingRun) -> list[Callback]:
         check_checkpoint(
             run.checkpoint
         )  # sets an unset mode from the metric's name (fit's set-up did already)
+        assert run.checkpoint.mode is not None  # set by check_checkpoint
         leaf = run.checkpoint.monitor.rsplit("/", 1)[-1]
         callbacks.append(
             BestCheckpoints(
@@ -187,6 +188,7 @@ def build_trainer(
     strategy = build_strategy(run)
     progress, progress_bar = progress_callbacks(t.progress_bar, t.progress_seconds)
     k = t.accumulate_grad_batches
+    assert is_precision(t.precision), t.precision  # validated (pretrain fit / finetune)
     trainer = L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
@@ -213,27 +215,34 @@ def build_trainer(
     lightning_compat.log_at_steps_completed(trainer)  # the k-th optimizer step's metrics at step k
     if trainer.progress_bar_callback is not None:
         bar = trainer.progress_bar_callback
-        bar.get_metrics = metrics_of_logging_steps(bar.get_metrics)  # type: ignore[method-assign]
+        # an instance's method replaced: mypy checks it against the unbound signature (self first)
+        bar.get_metrics = metrics_of_logging_steps(bar.get_metrics)  # type: ignore[method-assign,assignment]
     if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
         trainer.strategy.checkpoint_io.reclaimable = lambda: outside_retention(trainer)
     writer = getattr(trainer.strategy, "async_writer", None)
     if isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO):
         trainer.strategy.checkpoint_io.strategy = trainer.strategy
         writer = trainer.strategy.checkpoint_io.writer
-    guard = next((c for c in trainer.callbacks if isinstance(c, StepGuard)), None)
+    callbacks_now = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connector, not declared
+    guard = next((c for c in callbacks_now if isinstance(c, StepGuard)), None)
     if writer is not None and guard is not None:  # a checkpoint writes the guard's snapshot: one copy
         writer.host_copies = guard.host_copies
     return trainer
 
 
-def metrics_of_logging_steps(get_metrics: Callable[[Any, Any], dict]) -> Callable[[Any, Any], dict]:
+ProgressMetrics = dict[str, int | str | float | dict[str, float]]  # ProgressBar.get_metrics's
+
+
+def metrics_of_logging_steps(
+    get_metrics: Callable[[L.Trainer, L.LightningModule], ProgressMetrics],
+) -> Callable[[L.Trainer, L.LightningModule], ProgressMetrics]:
     """A progress bar's ``get_metrics`` plus the training ``loss``, read again only on steps that log (and outside
     training): Lightning converts every progress-bar metric to a Python number on each refresh and on each read
     of ``callback_metrics``, a host read per batch -- so the module logs none with ``prog_bar`` and the bar
     takes ``train/loss`` (a host tensor) from the callback metrics here."""
     cache: dict[str, Any] = {}
 
-    def cached(trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+    def cached(trainer: L.Trainer, pl_module: L.LightningModule) -> ProgressMetrics:
         if not cache or not trainer.training or lightning_compat.should_update_logs(trainer):
             cache.clear()
             cache.update(get_metrics(trainer, pl_module))
@@ -251,7 +260,13 @@ def outside_retention(trainer: L.Trainer) -> list[Path]:
     from ``best_k_models`` while its replacement is being written); never a ``last`` checkpoint."""
     out = []
     for cb in trainer.checkpoint_callbacks:
-        if not (isinstance(cb, ModelCheckpoint) and cb.monitor and cb.dirpath and Path(cb.dirpath).is_dir()):
+        if not (
+            isinstance(cb, ModelCheckpoint)
+            and cb.monitor
+            and cb.filename
+            and cb.dirpath
+            and Path(cb.dirpath).is_dir()
+        ):
             continue
         kept = {Path(p).resolve() for p in cb.best_k_models} | {Path(cb.last_model_path).resolve()}
         pattern = cb.filename.split("{", 1)[0] + "*" + cb.FILE_EXTENSION
