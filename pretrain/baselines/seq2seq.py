@@ -79,11 +79,25 @@ class ParallelData(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(self.seed)
         return DataLoader(
-            self.train, batch_size=self.batch_size, shuffle=True, generator=g, collate_fn=self._collate
+            self.train,  # type: ignore[arg-type]  # a list is a map-style dataset; torch's stub asks for Dataset
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=g,
+            collate_fn=self._collate,
         )
 
     def val_dataloader(self) -> DataLoader | list:
-        return DataLoader(self.val, batch_size=self.batch_size, collate_fn=self._collate) if self.val else []
+        if not self.val:
+            return []
+        return DataLoader(self.val, batch_size=self.batch_size, collate_fn=self._collate)  # type: ignore[arg-type]
+
+
+def symbol_id(tokenizer: Tokenizer, symbol: str) -> int:
+    """The id of a toy task's symbol; ``InputError`` when the tokenizer has none (a tokenizer of another task)."""
+    found = tokenizer.token_to_id(symbol)
+    if found is None:
+        raise InputError(f"the tokenizer has no token {symbol!r}: give the toy task's own tokenizer")
+    return found
 
 
 def toy_examples(
@@ -95,7 +109,7 @@ def toy_examples(
     for _ in range(count):
         words = [str(s) for s in rng.integers(0, symbols, size=rng.integers(lengths[0], lengths[1] + 1))]
         target = words[::-1] if task == "reverse" else words
-        ids = [tokenizer.token_to_id(w) for w in words]
+        ids = [symbol_id(tokenizer, w) for w in words]
         out.append(Example(ids, ids[::-1] if task == "reverse" else ids, " ".join(target)))
     return out
 
@@ -145,6 +159,9 @@ def decode_seq2seq(
     from pretrain.models.generation import generate
 
     c = model.config
+    assert (
+        c.decoder_start_token_id is not None and c.eos_token_id is not None
+    )  # set from the tokenizer's roles
     outputs = []
     for start in range(0, len(examples), batch_size):
         batch = pad_pairs(

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pretrain.models.generation import last_positions
-from pretrain.models.transformer import Transformer
+from pretrain.models.generation import Decodable, last_positions
 
 NEG = -1.0e9  # score of excluded candidates (transformers uses the same constant)
 
@@ -39,7 +38,7 @@ class BeamSearchOutput:
 
 
 def _decoding_inputs(
-    model: Transformer,
+    model: Decodable,
     input_ids: Tensor | None,
     attention_mask: Tensor | None,
     encoder_input_ids: Tensor | None,
@@ -88,7 +87,7 @@ def _gather(t: Tensor, index: Tensor) -> Tensor:
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Decodable,
     input_ids: Tensor | None,
     max_new_tokens: int,
     *,

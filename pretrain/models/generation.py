@@ -10,7 +10,7 @@ final length (prompt + ``max_new_tokens``) and written in place.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -18,6 +18,35 @@ from torch import Tensor
 from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
+
+
+class DecodingConfig(Protocol):
+    """What decoding reads of a model's configuration (``ModelConfig``, ``Seq2SeqConfig``)."""
+
+    @property
+    def arch(self) -> str: ...
+    @property
+    def lm_head(self) -> bool: ...
+    @property
+    def eos_token_id(self) -> int | None: ...
+    @property
+    def pad_token_id(self) -> int | None: ...
+    @property
+    def decoder_start_token_id(self) -> int | None: ...
+
+
+class Decodable(Protocol):
+    """A model :func:`generate` and ``beam_search`` run: a :class:`Transformer` with an LM head, or the RNN
+    encoder-decoder baseline (``pretrain.models.rnn.Seq2SeqRNN``); called with the Transformer's keyword
+    arguments (``use_cache``, ``cache``, ``position_ids``, ...), it returns an output with ``logits`` and ``cache``."""
+
+    @property
+    def config(self) -> DecodingConfig: ...
+    @property
+    def training(self) -> bool: ...
+    def eval(self) -> Any: ...
+    def train(self, mode: bool = True) -> Any: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def next_token(
@@ -72,7 +101,7 @@ def _check_args(
 
 @torch.no_grad()
 def generate(
-    model: Transformer,
+    model: Decodable,
     input_ids: Tensor | None,
     max_new_tokens: int,
     *,

@@ -293,3 +293,18 @@ def test_a_baseline_resumed_under_other_settings_is_refused(corpus):
         results["kind"] == "sgns"
         and torch.load(corpus / "resumed" / "checkpoints" / "last.ckpt")["global_step"] == 3
     )
+
+
+def test_a_toy_task_with_a_tokenizer_lacking_its_symbols_is_refused_in_one_line():
+    """toy_examples put the tokenizer's None (no such token) into the examples, failing later inside the model."""
+    from tokenizers import Tokenizer, models
+
+    from pretrain.baselines.seq2seq import toy_examples
+    from pretrain.errors import InputError
+
+    tokenizer = Tokenizer(models.WordLevel({"0": 0, "1": 1, "[UNK]": 2}, unk_token=None))
+    assert toy_examples("reverse", 3, tokenizer, 2, (2, 4), seed=0)[0].source  # symbols "0", "1": known
+    with pytest.raises(
+        InputError, match=r"^the tokenizer has no token '2': give the toy task's own tokenizer$"
+    ):
+        toy_examples("reverse", 20, tokenizer, 3, (2, 4), seed=0)
