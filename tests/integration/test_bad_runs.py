@@ -54,6 +54,7 @@ def test_baseline_resumes_instead_of_overwriting_the_previous_run(capsys, tmp_pa
         "trainer.progress_bar=false",
         "logger.wandb.enabled=false",
         "checkpoint.every_n_steps=1",
+        "optim.decay_steps=4",  # one schedule for both launches (a resume compares it, as pretrain fit does)
     ]
     assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "trainer.max_steps=2"]) == 0
     assert main(["baseline", "recipes/lstm-lm-tiny.yaml", *common, "trainer.max_steps=4"]) == 0
