@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from pretrain.errors import InputError
-from pretrain.ladder.plan import PLAN_FILE, load_ladder
+from pretrain.ladder.plan import PLAN_FILE, load_ladder, plan_ladder
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,9 +59,10 @@ def main(args: argparse.Namespace) -> int:
         )
     if args.out is None:
         raise InputError("pretrain ladder RECIPE needs --out DIR (where the cells, ladder.json and plots go)")
-    load_ladder(
-        args.recipe, args.overrides
-    )  # its `ladder:` section checked before a tokenizer or corpus is made
+    # its `ladder:` section checked before a tokenizer or corpus is made, and the cells too (their steps) where
+    # no tokenizer is needed for them (an encoder-decoder's decoder length comes from its objective's tokens)
+    if load_ladder(args.recipe, args.overrides)[2].model.arch != "encoder-decoder":
+        plan_ladder(args.recipe, args.overrides, args.out)
     for verb in ("tokenizer", "prepare"):  # cached: reused when present and up to date
         if args.run_verb([verb, args.recipe, *args.overrides]) != 0:
             return 2

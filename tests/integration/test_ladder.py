@@ -105,6 +105,16 @@ def test_reduced_ladder_resumes_fits_and_predicts_its_held_out_cell(tmp_path):
     assert run.trainer.max_steps > 0 and run.model.d_model % 32 == 0
 
 
+def test_budgets_too_small_for_the_sizes_are_refused_before_the_tokenizer_and_corpus_are_made(tmp_path):
+    """The cells' steps need no tokenizer (a decoder's FLOPs per token come from its shape): the refusal came
+    after `pretrain tokenizer` and `prepare` had run on the recipe's corpus."""
+    tokenizer = tmp_path / "tokenizer.json"
+    out = run_cli("ladder", "recipes/ladder-tiny.yaml", "--out", str(tmp_path / "ladder"), "ladder.flops=[1e9]",
+                  f"tokenizer.path={tokenizer}", f"data.sources.0.prepared={tmp_path / 'data'}", check=False)  # fmt: skip
+    assert out.returncode == 2 and "the sizes do not span the budgets: 4 cell(s)" in out.stderr, out.stderr
+    assert not tokenizer.exists() and not (tmp_path / "data").exists() and not (tmp_path / "ladder").exists()
+
+
 @pytest.mark.heavy  # the executor is prepare's (tested on Ray there); this adds the ladder's cells on it
 def test_a_ladder_on_ray_gives_every_cell_the_local_ladders_loss(tmp_path):
     small = [
