@@ -56,8 +56,9 @@ def page_commands(page: Path) -> list[list[str]]:
 
 PAGES = sorted(p for p in DOCS.glob("*.md") if page_commands(p))
 # `pretrain plan` of the 124M recipe on 8 GPUs with TP x CP traces every layout: ~4 CPU-min (its rows on a tiny
-# model are checked against real gloo ranks in test_plan.py)
-HEAVY = {"gpu.md"}
+# model are checked against real gloo ranks in test_plan.py); attention.md prepares WikiText-2 and trains at 4,096
+# tokens (~110 s; its attention paths are test_attention's, its recipes composed by test_recipes)
+HEAVY = {"gpu.md", "attention.md"}
 RUN = [
     pytest.param(p, id=p.name, marks=[pytest.mark.heavy] if p.name in HEAVY else [])
     for p in PAGES
