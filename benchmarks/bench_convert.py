@@ -3,7 +3,8 @@ tensor) against the whole-checkpoint conversion it replaces (every tensor read i
 and ``pretrain merge`` of two such checkpoints. Then from a checkpoint file (the 124M model's real parameters,
 random, with AdamW's moments by position, as a single-process run writes it): ``pretrain convert --to dcp``
 (each tensor copied out of the file's mapping, the pages released) against writing the mapped tensors themselves
-(before), and ``pretrain convert --to hf`` (``pretrain export``), whose fixed overhead imports transformers too.
+(before), and ``pretrain convert --to hf`` (``pretrain export``: tensor by tensor) against the model loaded whole
+and ``save_pretrained`` (before), whose fixed overhead imports transformers too.
 
 The checkpoint: the GPT-2 124M shape (vocab 50304, d=768, 12 layers) with AdamW's two moments and step, written
 by 2 gloo ranks as FSDP2 writes it (each tensor sharded on dim 0, a ``torch.distributed.checkpoint`` directory
@@ -198,11 +199,15 @@ def task(name: str, args: list[str]) -> None:
         with open_source(args[0]) as source:
             source.loadable = set()
             write_dcp(source, args[1])
-    elif name == "hf-overhead":  # the imports of --to hf, and the file's structure read (mapped)
-        import transformers  # noqa: F401
+    elif (
+        name == "hf-overhead"
+    ):  # the imports of --to hf (the model's class too), the file's structure read (mapped)
+        import transformers
+
+        transformers.GPT2LMHeadModel  # noqa: B018 - transformers imports a model's module when it is first named
 
         from pretrain.checkpoint.io import read
-        from pretrain.models.hf import save_hf  # noqa: F401
+        from pretrain.models.hf import save_hf_streamed  # noqa: F401
 
         read(args[0], mmap=True)
     elif name == "to-hf":
@@ -211,6 +216,12 @@ def task(name: str, args: list[str]) -> None:
         from pretrain.finetuning.export import export_checkpoint
 
         export_checkpoint(Path(args[0]), args[1])
+    elif name == "to-hf-whole":  # before: the model loaded whole, its transformers copy, save_pretrained
+        from pretrain.checkpoint.convert import load_model
+        from pretrain.models.hf import save_hf
+
+        model, _, tokenizer = load_model(args[0])
+        save_hf(model, args[1], tokenizer)
     seconds = time.perf_counter() - start
     print(
         json.dumps(
@@ -289,7 +300,7 @@ def from_file(work: Path) -> None:
     file = work / "f.ckpt"
     if not file.is_file():
         subprocess.run([sys.executable, __file__, "--file-of", str(file)], check=True)
-    for out in ("d", "d-mapped", "hf"):
+    for out in ("d", "d-mapped", "hf", "hf-whole"):
         shutil.rmtree(work / out, ignore_errors=True)
     largest = 50304 * 768 * 4 / 2**20
     rows = {
@@ -301,8 +312,15 @@ def from_file(work: Path) -> None:
     }
     hf = {
         "overhead (+ transformers, file structure)": measure("hf-overhead", str(file)),
-        "convert --to hf (export)": measure("to-hf", str(file), str(work / "hf")),
+        "convert --to hf (export, tensor by tensor)": measure("to-hf", str(file), str(work / "hf")),
+        "the model whole, save_pretrained (before)": measure(
+            "to-hf-whole", str(file), str(work / "hf-whole")
+        ),
     }
+    hf_names = sorted(p.name for p in (work / "hf-whole").iterdir())
+    hf_identical = hf_names == sorted(p.name for p in (work / "hf").iterdir()) and all(
+        filecmp.cmp(work / "hf" / n, work / "hf-whole" / n, shallow=False) for n in hf_names
+    )
     names = sorted(p.name for p in (work / "d-mapped").iterdir())  # .metadata: a save's path and ids differ
     identical = names == sorted(p.name for p in (work / "d").iterdir()) and all(
         filecmp.cmp(work / "d" / n, work / "d-mapped" / n, shallow=False) for n in names if n != ".metadata"
@@ -312,6 +330,7 @@ def from_file(work: Path) -> None:
     )
     print(f"--to dcp output byte-identical to the mapped-tensors path: {identical}")
     table(rows, rows["overhead (imports + file structure)"]["peak_mib"], largest)
+    print(f"--to hf output byte-identical to the whole-model path: {hf_identical}")
     table(hf, hf["overhead (+ transformers, file structure)"]["peak_mib"], largest)
 
 

@@ -4,6 +4,7 @@ the backbone loaded for inference."""
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from tokenizers import Tokenizer
 from pretrain.checkpoint import dcp
 from pretrain.checkpoint.io import METADATA, PAYLOAD, kind, read
 from pretrain.checkpoint.optimizer_state import optimizer_count, optimizer_state_by_position
-from pretrain.checkpoint.stream import open_source, write_single
+from pretrain.checkpoint.stream import open_source, released_copy, write_single
 from pretrain.errors import InputError
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
@@ -136,11 +137,28 @@ def refuse_finetuned(path: str | Path, info: dict[str, Any]) -> None:
     )
 
 
-def load_model(
-    path: str | Path, *, ema: bool = False
-) -> tuple[Transformer, dict[str, Any], Tokenizer | None]:
-    """``(model in eval mode, payload, tokenizer)`` from a checkpoint file or a sharded checkpoint directory; with
-    ``ema``, the weights are the checkpoint's moving average."""
+@dataclass
+class MappedWeights:
+    """A `pretrain fit` checkpoint's backbone, its weights not read: ``state`` (the model's state dict; a file's
+    tensors memory-mapped, ``mapped`` their keys), the model ``config``, ``info`` (the payload) and ``tokenizer``."""
+
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    mapped: set[str]
+    info: dict[str, Any]
+    tokenizer: Tokenizer | None
+
+    def load(self, key: str) -> torch.Tensor:
+        """Tensor ``key`` in memory of its own, a mapped one's file pages released as it is copied
+        (``stream.released_copy``)."""
+        tensor = self.state[key]
+        return released_copy(tensor) if key in self.mapped else tensor
+
+
+def mapped_weights(path: str | Path, *, ema: bool = False) -> MappedWeights:
+    """The backbone of a checkpoint file or sharded checkpoint directory (consolidated into a temporary file,
+    mapped), checked against its model config as ``load_state_dict`` checks it; with ``ema``, the checkpoint's
+    moving average in place of every parameter (a tied one under each of its names; buffers as trained)."""
     path = Path(path)
     with tempfile.TemporaryDirectory() as tmp:
         single = consolidate(path, Path(tmp) / "consolidated.ckpt") if path.is_dir() else path
@@ -149,11 +167,33 @@ def load_model(
         raise InputError(f"{path} is not a checkpoint written by `pretrain fit` (no {PAYLOAD!r} section)")
     info = checkpoint[PAYLOAD]
     refuse_finetuned(path, info)
-    model = Transformer(ModelConfig(**info["config"]["model"]))
-    model.load_state_dict(model_state(checkpoint))
-    if ema:  # every parameter (a tied one once); buffers as trained
-        with torch.no_grad():
-            for name, average in model_state({"state_dict": ema_weights(path)}).items():
-                model.get_parameter(name).copy_(average)
+    config = ModelConfig(**info["config"]["model"])
+    state = model_state(checkpoint)
+    with torch.device("meta"):
+        skeleton = Transformer(config)
+    parameters = dict(skeleton.named_parameters(remove_duplicate=False))
+    aliases = {
+        n: [m for m, q in parameters.items() if q is p] for n, p in parameters.items()
+    }  # tied: 2 names
+    skeleton.load_state_dict(state, strict=True, assign=True)  # keys and shapes, as load_model checked them
+    mapped = set(state)
+    if ema:
+        averages = model_state({"state_dict": ema_weights(path)})
+        for name, average in averages.items():
+            for alias in aliases[name]:
+                state[alias] = average
+                if kind(path) != "file":  # a file's averages are mapped; the others read into memory
+                    mapped.discard(alias)
     tokenizer = Tokenizer.from_str(info["tokenizer_json"]) if info.get("tokenizer_json") else None
-    return model.eval(), info, tokenizer
+    return MappedWeights(config, state, mapped, info, tokenizer)
+
+
+def load_model(
+    path: str | Path, *, ema: bool = False
+) -> tuple[Transformer, dict[str, Any], Tokenizer | None]:
+    """``(model in eval mode, payload, tokenizer)`` from a checkpoint file or a sharded checkpoint directory; with
+    ``ema``, the weights are the checkpoint's moving average."""
+    weights = mapped_weights(path, ema=ema)
+    model = Transformer(weights.config)
+    model.load_state_dict(weights.state)
+    return model.eval(), weights.info, weights.tokenizer

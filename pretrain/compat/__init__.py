@@ -12,6 +12,8 @@ they were tested with.
 - ``torch_save``: ``torch.save``'s private writer and DCP's chunk layout
 - ``collectives``: torch.distributed's functional all-gather and ``DeviceMesh._flatten``
 - ``attention``: CPU SDPA's flash kernel and its backward (log-sum-exp in and out)
+- ``hf_save``: transformers' tied-weight removal on save and safetensors' file layout (an export written
+  tensor by tensor)
 
 ``warn_if_untested`` (called once when a Trainer is built) names every installed package of ``TESTED_WITH`` at
 another release: the internals above may have changed there. This module imports nothing heavy.
@@ -30,6 +32,8 @@ TESTED_WITH = {
     "lightning-utilities": "0.15.3",
     "datasets": "5.2.0",
     "omegaconf": "2.4.0",
+    "transformers": "5.24.0",
+    "safetensors": "0.8.0",
 }
 
 

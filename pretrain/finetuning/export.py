@@ -79,15 +79,15 @@ def export_checkpoint(
 def _export(path: Path, out_dir: str | Path, force: bool, ema: bool, verb: str) -> Path:
     _check_export_target(Path(out_dir), force, verb)  # under the lock, before the heavy imports
     from pretrain.checkpoint import consolidate, read
-    from pretrain.checkpoint.convert import load_model
-    from pretrain.models.hf import save_hf
+    from pretrain.checkpoint.convert import mapped_weights
+    from pretrain.models.hf import save_hf_streamed
 
     with tempfile.TemporaryDirectory() as tmp:
         single = consolidate(path, Path(tmp) / "consolidated.ckpt")  # a file is returned as it is
         if is_finetuned(read(single, mmap=True)) and not ema:  # `pretrain finetune`: LoRA merged
             out = export_finetuned(single, out_dir)
-        else:
-            model, info, tokenizer = load_model(path, ema=True) if ema else load_model(single)
-            special_tokens = info.get("config", {}).get("tokenizer", {}).get("special_tokens")
-            out = save_hf(model, out_dir, tokenizer, special_tokens)
+        else:  # tensor by tensor, from the mapped file
+            weights = mapped_weights(path, ema=True) if ema else mapped_weights(single)
+            special_tokens = weights.info.get("config", {}).get("tokenizer", {}).get("special_tokens")
+            out = save_hf_streamed(weights.config, weights.load, out_dir, weights.tokenizer, special_tokens)
     return out

@@ -18,6 +18,10 @@ transformers 5 notes: T5 always ties ``lm_head`` to ``shared`` in a freshly buil
 ``tie_word_embeddings=False`` as "do not scale decoder outputs" (``scale_decoder_outputs``); an untied T5 (v1.1)
 is built by untying after construction and loads untied because both weights are in the checkpoint. Tying is
 detected from the parameters themselves, never from the config.
+
+``save_hf_streamed`` (``pretrain export``, ``pretrain convert --to hf``) writes what ``save_hf`` writes, byte for
+byte, with one tensor in memory: the transformers model built on the meta device gives the config files and the
+saved keys, and the same rules (``_parts``) make each HF tensor from ours when the safetensors writer reaches it.
 """
 
 from __future__ import annotations
@@ -681,7 +685,10 @@ def _hf_class_name(cfg: ModelConfig) -> str:
 
 def _is_tied(hf_model: Any) -> bool:
     out = hf_model.get_output_embeddings()
-    return out is not None and out.weight.data_ptr() == hf_model.get_input_embeddings().weight.data_ptr()
+    if out is None:
+        return False
+    a, b = out.weight, hf_model.get_input_embeddings().weight
+    return a is b or (a.device.type != "meta" and a.data_ptr() == b.data_ptr())  # meta: every address is 0
 
 
 def from_hf(hf_model: Any) -> Transformer:
@@ -755,19 +762,24 @@ def standard_equivalent(model: Transformer) -> Transformer:
     return folded.to(next(model.parameters()).dtype).train(model.training)
 
 
+def _absent_biases(cfg: ModelConfig) -> dict[str, Any]:
+    """The bias fields GPT-2, BERT and BigBird always have that ``cfg`` lacks, each set True (RMSNorm has no bias)."""
+    absent = [f for f in ("attn_bias", "mlp_bias") if not getattr(cfg, f)]
+    if cfg.norm == "layernorm" and not cfg.norm_bias:
+        absent.append("norm_bias")
+    return dict.fromkeys(absent, True)
+
+
 @torch.no_grad()
 def with_zero_biases(model: Transformer) -> Transformer:
     """``model`` with the LayerNorm, attention and MLP biases that GPT-2, BERT and BigBird always have, as zeros
     where ``model`` has none (nanoGPT's bias-free layout): the same function. Returns ``model`` itself when it
     lacks none of them (or uses RMSNorm, which has no bias to add)."""
     cfg = model.config
-    absent = [f for f in ("attn_bias", "mlp_bias") if not getattr(cfg, f)]
-    if cfg.norm == "layernorm" and not cfg.norm_bias:
-        absent.append("norm_bias")
+    absent = _absent_biases(cfg)
     if not absent:
         return model
-    with_biases: dict[str, Any] = dict.fromkeys(absent, True)
-    biased = Transformer(dataclasses.replace(cfg, **with_biases))
+    biased = Transformer(dataclasses.replace(cfg, **absent))
     ours = model.state_dict()
     state = {}
     for key, tensor in biased.state_dict().items():
@@ -777,17 +789,10 @@ def with_zero_biases(model: Transformer) -> Transformer:
     return biased.to(next(model.parameters()).dtype).train(model.training)
 
 
-def to_hf(model: Transformer) -> Any:
-    """The equivalent transformers model (same weights, same outputs); ValueError if no supported HF class can
-    express ``model.config``. muP models export through :func:`standard_equivalent`, bias-free GPT-2 / BERT /
-    BigBird layouts through :func:`with_zero_biases`."""
-    import transformers
-
-    model = standard_equivalent(model)
-    family = _family_of(model.config)
-    if family in (_GPT2, _BERT, _BIGBIRD):
-        model = with_zero_biases(model)
-    cfg = model.config
+def _checked_hf_config(cfg: ModelConfig, transformers: Any) -> tuple[_Family, Any]:
+    """``cfg``'s family and transformers config; ``InputError`` naming the fields when the config that converts
+    back differs (HF cannot express the model)."""
+    family = _family_of(cfg)
     hf_config = family.hf_config(cfg, transformers)
     back = family.config(hf_config, cfg.tie_embeddings, cfg.lm_head, cfg.pooler)
     ignored = _UNCHECKED | ({"max_seq_len"} if cfg.position == "relative" else set())
@@ -801,6 +806,12 @@ def to_hf(model: Transformer) -> Any:
     if diff:
         fields = ", ".join(f"{k}={getattr(cfg, k)!r} (HF gives {getattr(back, k)!r})" for k in diff)
         raise InputError(f"{_hf_class_name(cfg)} cannot express this model: {fields}")
+    return family, hf_config
+
+
+def _new_hf_model(cfg: ModelConfig, hf_config: Any, transformers: Any) -> Any:
+    """The transformers model of ``cfg`` (random weights; under ``torch.device("meta")``, none), its LM head
+    untied where ``cfg``'s is."""
     hf_model = getattr(transformers, _hf_class_name(cfg))(hf_config)
     if cfg.lm_head and not cfg.tie_embeddings and _is_tied(hf_model):  # transformers 5 T5 always ties lm_head
         out = hf_model.get_output_embeddings()
@@ -808,18 +819,70 @@ def to_hf(model: Transformer) -> Any:
         hf_model.all_tied_weights_keys = {
             k: v for k, v in hf_model.all_tied_weights_keys.items() if not k.startswith("lm_head")
         }
-    ours, hf_shapes = model.state_dict(), {k: v.shape for k, v in hf_model.state_dict().items()}
-    state = {}
-    for mine, keys, transpose in family.rules(cfg):
-        sizes = [hf_shapes[k][-1 if transpose else 0] for k in keys]
-        for k, part in zip(keys, torch.cat([ours[m] for m in mine]).split(sizes), strict=True):
-            state[k] = part.t() if transpose else part
-    if "cls.predictions.decoder.bias" in state:  # untied BERT: the unused twin of the bias (see _bert_rules)
-        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
-    missing, unexpected = hf_model.load_state_dict(state, strict=False)
-    untied = set(missing) - set(hf_model.all_tied_weights_keys)
+    return hf_model
+
+
+# untied BERT: cls.predictions.bias, unused, is set equal to the decoder's bias (see _bert_rules)
+_TWINS = {"cls.predictions.bias": "cls.predictions.decoder.bias"}
+
+
+def _sources(rules: list[Rule], hf_keys: Any) -> dict[str, tuple[Rule, str]]:
+    """Every HF key the rules give -> (its rule, the key of the rule's part it holds: itself, or a twin's)."""
+    sources = {k: (rule, k) for rule in rules for k in rule[1]}
+    sources |= {twin: sources[of] for twin, of in _TWINS.items() if of in sources and twin in hf_keys}
+    return sources
+
+
+def _parts(
+    rule: Rule,
+    get: Callable[[str], torch.Tensor],
+    hf_shapes: dict[str, Any],
+    empty: Callable[[torch.Size, torch.dtype], torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """The HF tensors of one rule: our tensors (``get``) concatenated along dim 0 (into ``empty(shape, dtype)``),
+    split in the HF tensors' rows, each transposed where the rule says (views of our tensor when the rule has
+    one)."""
+    mine, keys, transpose = rule
+    sizes = [hf_shapes[k][-1 if transpose else 0] for k in keys]
+    if len(mine) == 1:
+        whole = get(mine[0])
+    else:
+        tensors = [get(m) for m in mine]
+        shape = torch.Size([sum(t.shape[0] for t in tensors), *tensors[0].shape[1:]])
+        out = torch.empty(shape, dtype=tensors[0].dtype) if empty is None else empty(shape, tensors[0].dtype)
+        whole = torch.cat(tensors, out=out)
+    return {k: p.t() if transpose else p for k, p in zip(keys, whole.split(sizes), strict=True)}
+
+
+def _check_mapping(sources: dict[str, Any], hf_keys: Any, hf_model: Any) -> None:
+    """``RuntimeError`` when the rules give a key the HF model lacks, or miss one it does not tie."""
+    unexpected = sorted(set(sources) - set(hf_keys))
+    untied = sorted(set(hf_keys) - set(sources) - set(hf_model.all_tied_weights_keys))
     if unexpected or untied:
-        raise RuntimeError(f"weight mapping mismatch: missing {sorted(untied)}, unexpected {unexpected}")
+        raise RuntimeError(f"weight mapping mismatch: missing {untied}, unexpected {unexpected}")
+
+
+def to_hf(model: Transformer) -> Any:
+    """The equivalent transformers model (same weights, same outputs); ValueError if no supported HF class can
+    express ``model.config``. muP models export through :func:`standard_equivalent`, bias-free GPT-2 / BERT /
+    BigBird layouts through :func:`with_zero_biases`."""
+    import transformers
+
+    model = standard_equivalent(model)
+    if _family_of(model.config) in (_GPT2, _BERT, _BIGBIRD):
+        model = with_zero_biases(model)
+    cfg = model.config
+    family, hf_config = _checked_hf_config(cfg, transformers)
+    hf_model = _new_hf_model(cfg, hf_config, transformers)
+    ours, hf_shapes = model.state_dict(), {k: v.shape for k, v in hf_model.state_dict().items()}
+    rules = family.rules(cfg)
+    sources = _sources(rules, hf_shapes)
+    _check_mapping(sources, hf_shapes, hf_model)
+    state: dict[str, torch.Tensor] = {}
+    for rule in rules:
+        state |= _parts(rule, ours.__getitem__, hf_shapes)
+    state |= {k: state[part] for k, (_, part) in sources.items()}  # the twins
+    hf_model.load_state_dict(state, strict=False)  # the tied keys missing
     return hf_model.to(next(model.parameters()).dtype).train(model.training)
 
 
@@ -928,6 +991,45 @@ def set_token_ids(hf_model: Any, ids: dict[str, int]) -> None:
                 setattr(config, key, value)
 
 
+def _tokenizer(tokenizer: Any) -> Any:
+    """A ``tokenizers.Tokenizer`` of ``tokenizer`` (one, a tokenizer.json or a directory holding one, or None)."""
+    from tokenizers import Tokenizer
+
+    if tokenizer is None or isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    tokenizer_file = Path(tokenizer)
+    if tokenizer_file.is_dir():
+        tokenizer_file = tokenizer_file / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"tokenizer: no tokenizer.json at {tokenizer_file}")
+    return Tokenizer.from_file(str(tokenizer_file))
+
+
+def _write(
+    hf_model: Any,
+    out_dir: str | Path,
+    tokenizer: Any,
+    special_tokens: dict[str, str] | None,
+    max_length: int,
+    weights: Callable[[Path], None] | None = None,
+) -> Path:
+    """``out_dir`` as :func:`save_hf` writes it for ``hf_model``; ``weights(directory)``: the weights written there
+    by the caller (``hf_model``, on the meta device, gives the config files only)."""
+    out_dir = Path(out_dir)
+    if tokenizer is not None:
+        set_token_ids(hf_model, special_token_ids(tokenizer, special_tokens))
+    with staged_directory(out_dir) as staging:  # out_dir never holds half an export
+        if weights is None:
+            hf_model.save_pretrained(staging, safe_serialization=True)
+        else:
+            hf_model.save_pretrained(staging, state_dict={})  # config.json, generation_config.json
+            weights(staging)
+        if tokenizer is not None:
+            hf_tokenizer(tokenizer, max_length, special_tokens).save_pretrained(staging)
+        permissions_as_umask(staging)  # transformers writes the weights through a 0600 temporary file
+    return out_dir
+
+
 def save_hf(
     model: Transformer | TaskModel,
     out_dir: str | Path,
@@ -941,27 +1043,87 @@ def save_hf(
     ``config.json`` and ``generation_config.json`` (``set_token_ids``): ``AutoTokenizer``, ``generate``,
     ``pipeline`` and lm-eval's ``hf`` model work on the directory alone. A finetuned ``TaskModel`` is written as
     its transformers sequence classifier (:func:`classifier_to_hf`, ``label_names`` as ``id2label``)."""
-    from tokenizers import Tokenizer
-
-    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-        tokenizer_file = Path(tokenizer)
-        if tokenizer_file.is_dir():
-            tokenizer_file = tokenizer_file / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            raise FileNotFoundError(f"tokenizer: no tokenizer.json at {tokenizer_file}")
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    out_dir = Path(out_dir)
+    tokenizer = _tokenizer(tokenizer)
     hf_model = classifier_to_hf(model, label_names) if isinstance(model, TaskModel) else to_hf(model)
-    if tokenizer is not None:
-        set_token_ids(hf_model, special_token_ids(tokenizer, special_tokens))
-    with staged_directory(out_dir) as staging:  # out_dir never holds half an export
-        hf_model.save_pretrained(staging, safe_serialization=True)
-        if tokenizer is not None:
-            backbone = model.backbone if isinstance(model, TaskModel) else model
-            max_length = backbone.config.max_seq_len
-            hf_tokenizer(tokenizer, max_length, special_tokens).save_pretrained(staging)
-        permissions_as_umask(staging)  # transformers writes the weights through a 0600 temporary file
-    return out_dir
+    backbone = model.backbone if isinstance(model, TaskModel) else model
+    return _write(hf_model, out_dir, tokenizer, special_tokens, backbone.config.max_seq_len)
+
+
+_SHARD_BYTES = 50 * 10**9  # save_pretrained's max_shard_size ("50GB"): above it, the weights are sharded
+
+
+def save_hf_streamed(
+    config: ModelConfig,
+    load: Callable[[str], torch.Tensor],
+    out_dir: str | Path,
+    tokenizer: Any = None,
+    special_tokens: dict[str, str] | None = None,
+) -> Path:
+    """The files :func:`save_hf` writes for the :class:`Transformer` of ``config`` whose state-dict tensors
+    ``load(key)`` gives (checked by the caller), byte for byte, one tensor in memory at a time. The transformers
+    model is built on the meta device (no weights): its config and generation config are written from it, its
+    state dict (tied weights dropped as ``save_pretrained`` drops them) gives the file's tensors, and each is made
+    from ours by :func:`to_hf`'s rules (``_parts``: concatenated, split, transposed) when the writer reaches it
+    (``pretrain.compat.hf_save.write_safetensors``), then dropped. ``load`` is called once for each of our tensors
+    an HF tensor written reads (a tied LM head's never); its tensor is cast to the dtype of the model's parameters
+    as ``load_state_dict`` casts it, missing biases of GPT-2 / BERT / BigBird are zeros (:func:`with_zero_biases`).
+    Tensors made here (casts, concatenations) live in mappings of their own (``stream.unpooled``: malloc's heap
+    kept the freed ones, +3 MiB per GPT-2 layer).
+    One file, ``model.safetensors``: ``InputError`` above transformers' 50 GB shard size (``save_pretrained``
+    shards there). muP models (:func:`standard_equivalent` folds the multipliers into a whole model) are loaded
+    whole and saved by :func:`save_hf`."""
+    import transformers
+
+    from pretrain.checkpoint.stream import unpooled
+    from pretrain.compat.hf_save import saved_keys, write_safetensors
+
+    tokenizer = _tokenizer(tokenizer)
+    with torch.device("meta"):
+        ours = Transformer(config)
+    if config.parametrization != "standard":  # the whole model, as before
+        model = Transformer(config)
+        with torch.no_grad():
+            for key, tensor in model.state_dict().items():
+                tensor.copy_(load(key))
+        return save_hf(model.eval(), out_dir, tokenizer, special_tokens)
+    dtype = next(ours.parameters()).dtype
+    cfg = config
+    if _family_of(cfg) in (_GPT2, _BERT, _BIGBIRD):
+        cfg = dataclasses.replace(cfg, **_absent_biases(cfg))  # with_zero_biases
+    family, hf_config = _checked_hf_config(cfg, transformers)
+    with torch.device("meta"):
+        hf_model = _new_hf_model(cfg, hf_config, transformers).to(dtype)
+        biased = Transformer(cfg)
+    hf_shapes = {k: v.shape for k, v in hf_model.state_dict().items()}
+    sources = _sources(family.rules(cfg), hf_shapes)
+    _check_mapping(sources, hf_shapes, hf_model)
+    keys = saved_keys(hf_model)
+    specs = {k: (hf_shapes[k], dtype) for k in keys}
+    numel = sum(shape.numel() for shape, _ in specs.values())
+    if numel * dtype.itemsize > _SHARD_BYTES:
+        raise InputError(
+            f"{_hf_class_name(cfg)} of {numel:,} parameters is over transformers' 50 GB shard size "
+            "(save_pretrained's default); `pretrain export` writes one model.safetensors, not shards"
+        )
+    present = set(ours.state_dict())
+
+    def get(key: str) -> torch.Tensor:
+        if key not in present:  # a bias with_zero_biases adds
+            return torch.zeros(biased.get_parameter(key).shape, dtype=dtype)
+        tensor = load(key)
+        if tensor.dtype == dtype:
+            return tensor
+        cast = unpooled(tensor.shape, dtype)
+        return cast.copy_(tensor)
+
+    def produce(key: str) -> torch.Tensor:
+        rule, part = sources[key]
+        return _parts(rule, get, hf_shapes, unpooled)[part]
+
+    def weights(directory: Path) -> None:
+        write_safetensors(directory / "model.safetensors", specs, produce, metadata={"format": "pt"})
+
+    return _write(hf_model, out_dir, tokenizer, special_tokens, config.max_seq_len, weights)
 
 
 def export_problem(directory: str | Path) -> str | None:
