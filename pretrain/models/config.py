@@ -3,7 +3,9 @@
 Every option is checked in ``__post_init__``; a bad value raises ``ValueError`` naming the field, the allowed
 values and the value given. ``None`` fields are resolved to their defaults there (``n_kv_head = n_head``,
 ``head_dim = d_model // n_head``, ``d_ff = 4 * d_model``, ``n_decoder_layer = n_layer``), so a resolved config
-round-trips through ``dataclasses.asdict`` and OmegaConf structured configs.
+round-trips through ``dataclasses.asdict`` and OmegaConf structured configs. Those four fields stay ``int | None``
+(``None`` = derive it, in YAML, overrides and keyword arguments alike); model code reads their resolved values,
+typed ``int``, as ``ModelConfig.sizes``.
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ class RopeScaling:
                 )
             if self.attention_factor is not None and not self.attention_factor > 0:
                 raise InputError(f"{where}.attention_factor must be > 0, got {self.attention_factor!r}")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes a :class:`ModelConfig` may leave ``None``, as its ``__post_init__`` resolved them."""
+
+    head_dim: int  # d_h
+    n_kv_head: int  # g
+    d_ff: int  # MLP width (per branch for gated activations)
+    n_decoder_layer: int  # decoder layers of an encoder-decoder (n_layer for the other archs)
 
 
 @dataclass
@@ -409,6 +421,18 @@ class ModelConfig:
                 raise InputError(f"ModelConfig.local_rope_theta must be > 0, got {self.local_rope_theta!r}")
         elif self.position == "rope":
             self.local_rope_theta = self.rope_theta
+
+    @property
+    def sizes(self) -> Sizes:
+        """``head_dim``, ``n_kv_head``, ``d_ff`` and ``n_decoder_layer`` typed ``int``: ``None`` (derive) only until
+        ``__post_init__`` fills them in."""
+        head_dim, n_kv, d_ff, n_dec = self.head_dim, self.n_kv_head, self.d_ff, self.n_decoder_layer
+        if head_dim is None or n_kv is None or d_ff is None or n_dec is None:
+            raise ValueError(
+                "ModelConfig.head_dim / n_kv_head / d_ff / n_decoder_layer was set to None after construction; "
+                "derive it again with dataclasses.replace(config, field=None)"
+            )
+        return Sizes(head_dim, n_kv, d_ff, n_dec)
 
     def local_layer(self, i: int) -> bool:
         """True when layer i of a stack attends locally (i % global_attn_every_n_layers != 0)."""

@@ -750,8 +750,7 @@ def standard_equivalent(model: Transformer) -> Transformer:
             if key in state:
                 state[key] /= m
     if cfg.attn_scale == "default":
-        head_dim = cfg.head_dim
-        assert head_dim is not None  # resolved by ModelConfig
+        head_dim = cfg.sizes.head_dim
         for name, module in model.named_modules():
             if isinstance(module, Attention):
                 keys = [f"{name}.q_norm.weight"] if cfg.qk_norm else [f"{name}.q.weight", f"{name}.q.bias"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ def relu_squared(x: Tensor) -> Tensor:
     return F.relu(x).square()
 
 
-ACT_FNS = {
+ACT_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "relu2": relu_squared,
     "gelu": F.gelu,
@@ -107,22 +108,26 @@ class KVCache:
         buffers = self._buffers[layer]
         if buffers is None or buffers[0].shape[2] < end:
             size = max(end, self.capacity or 0, 2 * start)
-            buffers = tuple(t.new_empty(t.shape[0], t.shape[1], size, t.shape[3]) for t in (k, v))
+            buffers = (
+                k.new_empty(*k.shape[:2], size, k.shape[3]),
+                v.new_empty(*v.shape[:2], size, v.shape[3]),
+            )
             if past is not None:
                 for buffer, old in zip(buffers, past, strict=True):
                     buffer[:, :, :start] = old
             self._buffers[layer], self._spares[layer] = buffers, None
         buffers[0][:, :, start:end] = k
         buffers[1][:, :, start:end] = v
-        self.self_kv[layer] = (buffers[0][:, :, :end], buffers[1][:, :, :end])
-        return self.self_kv[layer]
+        kv = (buffers[0][:, :, :end], buffers[1][:, :, :end])
+        self.self_kv[layer] = kv
+        return kv
 
     def extend_mask(self, mask: Tensor | None, batch: int, length: int) -> Tensor | None:
         """Key padding mask over past + current positions (B, S), or None if nothing was ever padded."""
-        if mask is None and self.key_mask is None:
+        known = mask if mask is not None else self.key_mask
+        if known is None:
             return None
-        device = (mask if mask is not None else self.key_mask).device
-        ones = partial(torch.ones, dtype=torch.bool, device=device)
+        ones = partial(torch.ones, dtype=torch.bool, device=known.device)
         old = self.key_mask if self.key_mask is not None else ones(batch, self.seq_len)
         new = mask.bool() if mask is not None else ones(batch, length)
         self.key_mask = torch.cat([old, new], dim=1)
@@ -133,15 +138,19 @@ class KVCache:
         (B' = B: the cached positions are gathered into a second set of buffers in one copy, and the two swap).
         ``beams_only``: ``index`` only permutes the beams of each input, so what they share -- encoder keys/values
         and mask, the prompt's padding mask -- is left as it is."""
+
+        def rows(pair: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+            return pair[0].index_select(0, index), pair[1].index_select(0, index)
+
         for i, pair in enumerate(self.self_kv):
             if pair is None:
                 continue
             buffers = self._buffers[i]
             if buffers is None or len(index) != pair[0].shape[0] or pair[0].requires_grad:
-                self.self_kv[i] = tuple(t.index_select(0, index) for t in pair)
+                self.self_kv[i] = rows(pair)
                 self._buffers[i] = self._spares[i] = None  # the next extend() allocates new buffers
                 continue
-            spares = self._spares[i] or tuple(torch.empty_like(t) for t in buffers)
+            spares = self._spares[i] or (torch.empty_like(buffers[0]), torch.empty_like(buffers[1]))
             S = pair[0].shape[2]
             for old, new in zip(pair, spares, strict=True):
                 torch.index_select(old, 0, index, out=new[:, :, :S])
@@ -149,9 +158,7 @@ class KVCache:
             self.self_kv[i] = (spares[0][:, :, :S], spares[1][:, :, :S])
         if beams_only:
             return
-        self.cross_kv = [
-            None if kv is None else tuple(t.index_select(0, index) for t in kv) for kv in self.cross_kv
-        ]
+        self.cross_kv = [None if kv is None else rows(kv) for kv in self.cross_kv]
         if self.encoder_mask is not None:
             self.encoder_mask = self.encoder_mask.index_select(0, index)
         if self.key_mask is not None:
@@ -261,20 +268,21 @@ class Attention(nn.Module):
 
     def __init__(self, config: ModelConfig, cross: bool = False) -> None:
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        q_dim, kv_dim = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
+        sizes = config.sizes
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, sizes.n_kv_head, sizes.head_dim
+        q_dim, kv_dim = config.n_head * self.head_dim, self.n_kv_head * self.head_dim
         self.cross = cross
         self.q = nn.Linear(config.d_model, q_dim, bias=config.attn_bias)
         self.k = nn.Linear(config.d_model, kv_dim, bias=config.attn_bias)
         self.v = nn.Linear(config.d_model, kv_dim, bias=config.attn_bias)
         self.out = nn.Linear(q_dim, config.d_model, bias=config.attn_bias)
         # qk_norm: RMSNorm of every head's q and k over d_h (learned gain), before RoPE
-        self.q_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
-        self.k_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.scale = None if config.attn_scale == "default" else 1.0  # None: SDPA's 1/sqrt(d_h)
         if config.attn_scale == "default" and config.parametrization == "mup":
             # muP: a q k^T / d_h (Tensor Programs V, sec. 6), a = mup_attn_multiplier
-            self.scale = config.mup_attn_multiplier / config.head_dim
+            self.scale = config.mup_attn_multiplier / self.head_dim
         self.dropout = config.attn_dropout
 
     def _heads(self, projection: nn.Linear, x: Tensor) -> Tensor:
@@ -295,10 +303,13 @@ class Attention(nn.Module):
         q = self._heads(self.q, x)
         if self.q_norm is not None:
             q = self.q_norm(q)
-        if self.cross and cache is not None and cache.cross_kv[layer] is not None:
-            k, v = cache.cross_kv[layer]
+        cached = cache.cross_kv[layer] if self.cross and cache is not None else None
+        if cached is not None:
+            k, v = cached
         else:
             source = memory if self.cross else x
+            if source is None:
+                raise ValueError("cross-attention needs memory (the encoder output) or its keys in the cache")
             k, v = self._heads(self.k, source), self._heads(self.v, source)
             if self.k_norm is not None:
                 k = self.k_norm(k)
@@ -318,9 +329,10 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias) if config.gated else None
-        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
-        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+        d_ff = config.sizes.d_ff
+        self.gate = nn.Linear(config.d_model, d_ff, bias=config.mlp_bias) if config.gated else None
+        self.fc = nn.Linear(config.d_model, d_ff, bias=config.mlp_bias)
+        self.proj = nn.Linear(d_ff, config.d_model, bias=config.mlp_bias)
         self.act = ACT_FNS[config.activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -339,10 +351,10 @@ class Block(nn.Module):
         # pre-norm after a normed embedding (ModernBERT): the first block's input is normed already
         normed_input = first and self.pre_norm and config.embedding_norm
         self.norm1, self.attn = nn.Identity() if normed_input else make_norm(config), Attention(config)
+        self.norm_cross: nn.Module | None = None
+        self.cross_attn: Attention | None = None
         if cross_attention:
             self.norm_cross, self.cross_attn = make_norm(config), Attention(config, cross=True)
-        else:
-            self.norm_cross = self.cross_attn = None
         self.norm2, self.mlp = make_norm(config), MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
@@ -366,7 +378,7 @@ class Block(nn.Module):
         """x (B, T, d) -> (B, T, d)."""
         y = self.attn(self._branch_in(x, self.norm1), mask, rope, cache=cache, layer=layer)
         x = self._branch_out(x, y, self.norm1)
-        if self.cross_attn is not None:
+        if self.cross_attn is not None and self.norm_cross is not None:
             y = self.cross_attn(
                 self._branch_in(x, self.norm_cross), memory_mask, memory=memory, cache=cache, layer=layer
             )
@@ -377,6 +389,8 @@ class Block(nn.Module):
 class Stack(nn.Module):
     """Embedded tokens (B, T, d) -> n blocks -> final norm (pre-norm) -> (B, T, d). The global layers share one
     mask and one RoPE table, the local layers (``config.local_layer``) another pair."""
+
+    random_table: Tensor | None
 
     def __init__(self, config: ModelConfig, n_layer: int, causal: bool, cross_attention: bool) -> None:
         super().__init__()
@@ -399,9 +413,10 @@ class Stack(nn.Module):
         self.norm = make_norm(config) if config.norm_position == "pre" else None
         self.rope = self.local_rope = None
         if config.position == "rope":
-            self.rope = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
-            if any(self.local) and config.local_rope_theta != config.rope_theta:
-                self.local_rope = Rotary(config.head_dim, config.local_rope_theta, config.rope_scaling)
+            head_dim, local_theta = config.sizes.head_dim, config.local_rope_theta
+            self.rope = Rotary(head_dim, config.rope_theta, config.rope_scaling)
+            if any(self.local) and local_theta is not None and local_theta != config.rope_theta:
+                self.local_rope = Rotary(head_dim, local_theta, config.rope_scaling)
         self.relative_bias = (
             RelativePositionBias(config, bidirectional=not causal) if config.position == "relative" else None
         )
@@ -518,13 +533,13 @@ class Pooler(nn.Module):
 
 
 def split_fused_projections(
-    model: Transformer, state_dict: dict[str, Tensor], prefix: str, *_: object
+    model: Transformer, state_dict: dict[str, Tensor], prefix: str, *_hook_args: object
 ) -> None:
     """``load_state_dict`` pre-hook: a state dict written before q, k, v and a GLU's gate / fc were separate
     projections (fused ``attn.qkv`` = [q; k; v], ``cross_attn.kv`` = [k; v], GLU ``mlp.fc`` = [gate; fc]) has its
     fused weights split into today's names, in place; any other state dict is left as it is."""
-    cfg = model.config
-    q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+    cfg, sizes = model.config, model.config.sizes
+    q_rows, kv_rows = cfg.n_head * sizes.head_dim, sizes.n_kv_head * sizes.head_dim
     for key in [k for k in state_dict if k.startswith(prefix)]:
         module, _, leaf = key.rpartition(".")
         owner, _, name = module.rpartition(".")
@@ -532,8 +547,8 @@ def split_fused_projections(
             parts = {"q": q_rows, "k": kv_rows, "v": kv_rows}
         elif name == "kv":
             parts = {"k": kv_rows, "v": kv_rows}
-        elif name == "fc" and cfg.gated and state_dict[key].shape[0] == 2 * cfg.d_ff:
-            parts = {"gate": cfg.d_ff, "fc": cfg.d_ff}
+        elif name == "fc" and cfg.gated and state_dict[key].shape[0] == 2 * sizes.d_ff:
+            parts = {"gate": sizes.d_ff, "fc": sizes.d_ff}
         else:
             continue
         pieces = state_dict.pop(key).split(list(parts.values()))
@@ -556,7 +571,7 @@ class Transformer(nn.Module):
         self.embed = Embeddings(config)
         enc_dec = config.arch == "encoder-decoder"
         self.encoder = Stack(config, config.n_layer, False, False) if config.arch != "decoder" else None
-        n_dec = config.n_decoder_layer if enc_dec else config.n_layer
+        n_dec = config.sizes.n_decoder_layer if enc_dec else config.n_layer
         self.decoder = Stack(config, n_dec, True, enc_dec) if config.arch != "encoder" else None
         self.pooler = Pooler(config) if config.pooler else None
         self.mlm_transform = MLMTransform(config) if config.mlm_head_transform else None
@@ -592,7 +607,7 @@ class Transformer(nn.Module):
                 module.reset_parameters()
         for module in self.modules():
             if t5 and isinstance(module, Attention):
-                module.q.weight.mul_(cfg.head_dim**-0.5)
+                module.q.weight.mul_(module.head_dim**-0.5)
             elif t5 and isinstance(module, RelativePositionBias):
                 nn.init.normal_(module.embedding.weight, std=cfg.d_model**-0.5)
             elif cfg.init == "gpt2" and isinstance(module, (Attention, MLP)):
@@ -648,9 +663,9 @@ class Transformer(nn.Module):
                 raise ValueError("use_cache=True needs a decoder (arch 'decoder' or 'encoder-decoder')")
             cache = KVCache(len(self.decoder.blocks))
         encoder_hidden = None
-        if cfg.arch == "encoder":
+        if self.decoder is None:  # arch encoder
             hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, document_ids)
-        elif cfg.arch == "decoder":
+        elif self.encoder is None:  # arch decoder
             hidden = self._run(
                 self.decoder,
                 input_ids,
@@ -701,7 +716,7 @@ class Transformer(nn.Module):
 
     def encode(
         self,
-        input_ids: Tensor,
+        input_ids: Tensor | None,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         position_ids: Tensor | None = None,
@@ -722,6 +737,8 @@ class Transformer(nn.Module):
             hidden = self.mlm_transform(hidden)
         if self.config.width_mult != 1.0:
             hidden = hidden / self.config.width_mult
+        if self.lm_head is None:
+            raise ValueError("logits() needs an LM head: config.lm_head is False (backbone only)")
         return self.lm_head(hidden)
 
     def _run(
@@ -885,8 +902,7 @@ class Transformer(nn.Module):
         ranks split -- a rank's heads (attention dropout), with ``sequence_parallel`` a slice of the sequence (the
         blocks' residual dropout) -- so each rank must draw its own; every other draw falls on replicated
         activations and must be the same on all of them."""
-        stacks = [s for s in (self.encoder, self.decoder) if s is not None]
-        blocks = [block for stack in stacks for block in stack.blocks]
+        blocks = [m for m in self.modules() if isinstance(m, Block)]  # encoder's, then decoder's
         modules: list[nn.Module] = []
         if self.config.attn_dropout:
             modules += [m for block in blocks for m in (block.attn, block.cross_attn) if m is not None]
@@ -935,15 +951,15 @@ class Transformer(nn.Module):
 
         S = seq_len
         T = (decoder_seq_len or seq_len) if cfg.arch == "encoder-decoder" else seq_len
-        per_attention = 12 * cfg.n_head * cfg.head_dim
-        flops = 6 * linear(self.pooler)
+        per_attention = 12 * cfg.n_head * cfg.sizes.head_dim
+        flops: float = 6 * linear(self.pooler)
         if self.encoder is not None:
             flops += 6 * linear(self.encoder) * S + per_attention * len(self.encoder.blocks) * S * S
         if self.decoder is not None:
             cross_kv = sum(
-                linear(b.cross_attn.k) + linear(b.cross_attn.v)
-                for b in self.decoder.blocks
-                if b.cross_attn is not None
+                linear(a.k) + linear(a.v)
+                for a in self.decoder.modules()
+                if isinstance(a, Attention) and a.cross
             )
             cross = T * S if cfg.arch == "encoder-decoder" else 0
             flops += 6 * (linear(self.decoder) - cross_kv) * T + 6 * cross_kv * S

@@ -41,7 +41,7 @@ import dataclasses
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol, TypeGuard, overload
 
 import torch
 from torch import Tensor, nn
@@ -163,6 +163,10 @@ class ContextParallel:
         """Keys or values (B, g, T/N, d_h) -> (B, g, T, d_h)."""
         return self.gather(x, 2)
 
+    @overload
+    def gather_tokens(self, x: Tensor) -> Tensor: ...
+    @overload
+    def gather_tokens(self, x: None) -> None: ...
     def gather_tokens(self, x: Tensor | None) -> Tensor | None:
         """A per-token tensor without gradient (B|1, T/N) -> (B|1, T) (bool travels as uint8)."""
         if x is None:

@@ -7,14 +7,21 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from pretrain.models.config import ModelConfig
+from pretrain.models.config import ModelConfig, Sizes
 
 
 def test_defaults_resolve():
     c = ModelConfig(d_model=96, n_head=4, n_layer=3)
     assert (c.head_dim, c.n_kv_head, c.d_ff, c.n_decoder_layer) == (24, 4, 384, 3)
+    assert c.sizes == Sizes(head_dim=24, n_kv_head=4, d_ff=384, n_decoder_layer=3)
     c = ModelConfig(d_model=96, n_head=4, n_kv_head=2, head_dim=10, d_ff=50, n_decoder_layer=1)
     assert (c.head_dim, c.n_kv_head, c.d_ff, c.n_decoder_layer) == (10, 2, 50, 1)
+    assert c.sizes == Sizes(head_dim=10, n_kv_head=2, d_ff=50, n_decoder_layer=1)
+    assert "sizes" not in dataclasses.asdict(c)  # a view, not a saved hyper-parameter
+    c.d_ff = None  # unresolved after construction: an error, not None in model code
+    with pytest.raises(ValueError, match="dataclasses.replace"):
+        c.sizes  # noqa: B018
+    assert dataclasses.replace(c).sizes.d_ff == 4 * 96
 
 
 def test_plain_dict_and_omegaconf_round_trip():
