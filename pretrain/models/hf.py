@@ -713,6 +713,49 @@ def from_hf(hf_model: Any) -> Transformer:
     return model.to(hf_model.dtype).train(hf_model.training)
 
 
+Fold = tuple[str, float, float]  # (the tensor it is made from, divided by, then times)
+
+
+def _mup_folds(model: Transformer) -> tuple[ModelConfig, dict[str, Fold]]:
+    """The standard config computing what muP ``model`` (its modules only: it may be on the meta device) computes,
+    and the tensors that change: key -> (the key it is made from, divisor, factor) (see
+    :func:`standard_equivalent`)."""
+    cfg = model.config
+    m, tied = cfg.width_mult, cfg.tie_embeddings and cfg.lm_head
+    into_norm: str | None
+    if model.mlm_transform is not None:
+        into_norm = "mlm_transform.norm"
+    else:
+        into_norm = "decoder.norm" if tied and cfg.arch == "encoder-decoder" else None
+    into_head = cfg.lm_head and into_norm is None
+    folded = dataclasses.replace(
+        cfg,
+        parametrization="standard",
+        mup_attn_multiplier=1.0,
+        tie_embeddings=cfg.tie_embeddings and (m == 1.0 or not into_head),
+    )
+    keys = set(model.state_dict())
+    folds: dict[str, Fold] = {}
+    if into_head:
+        folds["lm_head.weight"] = ("embed.tok.weight" if tied and m != 1.0 else "lm_head.weight", m, 1.0)
+    elif cfg.lm_head:
+        folds |= {k: (k, m, 1.0) for k in (f"{into_norm}.weight", f"{into_norm}.bias") if k in keys}
+    if cfg.attn_scale == "default":
+        factor = cfg.mup_attn_multiplier * cfg.sizes.head_dim**-0.5
+        for name, module in model.named_modules():
+            if isinstance(module, Attention):
+                queries = [f"{name}.q_norm.weight"] if cfg.qk_norm else [f"{name}.q.weight", f"{name}.q.bias"]
+                folds |= {k: (k, 1.0, factor) for k in queries if k in keys}
+    return folded, folds
+
+
+def _folded(tensor: torch.Tensor, fold: Fold) -> torch.Tensor:
+    """``tensor`` / divisor * factor (a new tensor; a 1.0 skipped)."""
+    _, divisor, factor = fold
+    out = tensor / divisor if divisor != 1.0 else tensor.clone()
+    return out * factor if factor != 1.0 else out
+
+
 @torch.no_grad()
 def standard_equivalent(model: Transformer) -> Transformer:
     """``model`` under standard parametrization, computing the same function: muP's multipliers folded into the
@@ -722,41 +765,12 @@ def standard_equivalent(model: Transformer) -> Transformer:
     1/m; tied so that transformers' re-tying, e.g. in lm-eval, cannot swap the head); otherwise (W / m) h, the LM
     head times 1/m, untied from the embedding when it was tied. Returns ``model`` itself under standard
     parametrization."""
-    cfg = model.config
-    if cfg.parametrization == "standard":
+    if model.config.parametrization == "standard":
         return model
-    m, tied = cfg.width_mult, cfg.tie_embeddings and cfg.lm_head
-    into_norm: str | None
-    if model.mlm_transform is not None:
-        into_norm = "mlm_transform.norm"
-    else:
-        into_norm = "decoder.norm" if tied and cfg.arch == "encoder-decoder" else None
-    into_head = cfg.lm_head and into_norm is None
-    folded = Transformer(
-        dataclasses.replace(
-            cfg,
-            parametrization="standard",
-            mup_attn_multiplier=1.0,
-            tie_embeddings=cfg.tie_embeddings and (m == 1.0 or not into_head),
-        )
-    )
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    if into_head:
-        if tied and m != 1.0:
-            state["lm_head.weight"] = state["embed.tok.weight"].clone()
-        state["lm_head.weight"] /= m
-    elif cfg.lm_head:
-        for key in (f"{into_norm}.weight", f"{into_norm}.bias"):
-            if key in state:
-                state[key] /= m
-    if cfg.attn_scale == "default":
-        head_dim = cfg.sizes.head_dim
-        for name, module in model.named_modules():
-            if isinstance(module, Attention):
-                keys = [f"{name}.q_norm.weight"] if cfg.qk_norm else [f"{name}.q.weight", f"{name}.q.bias"]
-                for key in keys:
-                    if key in state:
-                        state[key] *= cfg.mup_attn_multiplier * head_dim**-0.5
+    config, folds = _mup_folds(model)
+    folded = Transformer(config)
+    state = model.state_dict()
+    state |= {k: _folded(state[fold[0]], fold) for k, fold in folds.items()}
     folded.load_state_dict(state, strict=True)
     return folded.to(next(model.parameters()).dtype).train(model.training)
 
@@ -1065,12 +1079,12 @@ def save_hf_streamed(
     from ours by :func:`to_hf`'s rules (``_parts``: concatenated, split, transposed) when the writer reaches it
     (``pretrain.compat.hf_save.write_safetensors``), then dropped. ``load`` is called once for each of our tensors
     an HF tensor written reads (a tied LM head's never); its tensor is cast to the dtype of the model's parameters
-    as ``load_state_dict`` casts it, missing biases of GPT-2 / BERT / BigBird are zeros (:func:`with_zero_biases`).
+    as ``load_state_dict`` casts it, muP's multipliers folded in as :func:`standard_equivalent` folds them
+    (``_mup_folds``), missing biases of GPT-2 / BERT / BigBird are zeros (:func:`with_zero_biases`).
     Tensors made here (casts, concatenations) live in mappings of their own (``stream.unpooled``: malloc's heap
     kept the freed ones, +3 MiB per GPT-2 layer).
     One file, ``model.safetensors``: ``InputError`` above transformers' 50 GB shard size (``save_pretrained``
-    shards there). muP models (:func:`standard_equivalent` folds the multipliers into a whole model) are loaded
-    whole and saved by :func:`save_hf`."""
+    shards there)."""
     import transformers
 
     from pretrain.checkpoint.stream import unpooled
@@ -1079,14 +1093,8 @@ def save_hf_streamed(
     tokenizer = _tokenizer(tokenizer)
     with torch.device("meta"):
         ours = Transformer(config)
-    if config.parametrization != "standard":  # the whole model, as before
-        model = Transformer(config)
-        with torch.no_grad():
-            for key, tensor in model.state_dict().items():
-                tensor.copy_(load(key))
-        return save_hf(model.eval(), out_dir, tokenizer, special_tokens)
     dtype = next(ours.parameters()).dtype
-    cfg = config
+    cfg, folds = _mup_folds(ours) if config.parametrization != "standard" else (config, {})
     if _family_of(cfg) in (_GPT2, _BERT, _BIGBIRD):
         cfg = dataclasses.replace(cfg, **_absent_biases(cfg))  # with_zero_biases
     family, hf_config = _checked_hf_config(cfg, transformers)
@@ -1106,14 +1114,18 @@ def save_hf_streamed(
         )
     present = set(ours.state_dict())
 
-    def get(key: str) -> torch.Tensor:
-        if key not in present:  # a bias with_zero_biases adds
-            return torch.zeros(biased.get_parameter(key).shape, dtype=dtype)
+    def cast(key: str) -> torch.Tensor:
         tensor = load(key)
         if tensor.dtype == dtype:
             return tensor
-        cast = unpooled(tensor.shape, dtype)
-        return cast.copy_(tensor)
+        return unpooled(tensor.shape, dtype).copy_(tensor)
+
+    def get(key: str) -> torch.Tensor:
+        if key not in present:  # a bias with_zero_biases adds
+            return torch.zeros(biased.get_parameter(key).shape, dtype=dtype)
+        if key in folds:  # muP's multipliers (standard_equivalent)
+            return _folded(cast(folds[key][0]), folds[key])
+        return cast(key)
 
     def produce(key: str) -> torch.Tensor:
         rule, part = sources[key]

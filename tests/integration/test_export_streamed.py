@@ -40,7 +40,17 @@ MODELS = {
     "t5": {**VARIANTS["t5"], "head_dim": 12, "logit_scale": 36**-0.5},
     "t5-untied": TINY_MODEL["t5"],
     "modernbert": VARIANTS["modernbert"],
-    "mup": {"arch": "decoder", "parametrization": "mup", "mup_base_width": 12},  # loaded whole, save_hf
+}
+MUP = {
+    "parametrization": "mup",
+    "mup_base_width": 12,
+}  # width_mult 3: the multipliers folded in (standard_equivalent)
+MODELS |= {
+    "mup-gpt2": MODELS["gpt2"] | MUP,  # the head untied: the embedding / 3
+    "mup-gpt2-untied": MODELS["gpt2-untied"] | MUP | {"mup_attn_multiplier": 1.7},
+    "mup-llama": MODELS["llama"] | MUP,
+    "mup-bert": MODELS["bert"] | MUP,  # into the head transform's norm
+    "mup-t5": MODELS["t5"] | MUP,  # tied: into the decoder's final norm
 }
 
 
