@@ -6,6 +6,9 @@
 on the meta device). ``ValueError`` when the model's weight conversions would rename keys on save (its
 ``revert_weight_conversion`` is not the identity): only a whole state dict can be converted.
 
+``write_weights``: the weight files ``save_pretrained`` writes, one or sharded (huggingface_hub's split, the
+index transformers writes), each through ``write_safetensors``.
+
 ``write_safetensors``: the bytes ``safetensors.torch.save_file`` (safetensors 0.8) writes for tensors given as
 their shapes and dtypes, each tensor's data asked for when the writer reaches it and dropped once written. The
 format: the header's length N (8 bytes, little-endian), N bytes of compact JSON (``__metadata__``, then each
@@ -37,6 +40,38 @@ def saved_keys(hf_model: Any) -> list[str]:
     if sorted(revert_weight_conversion(hf_model, dict(kept))) != sorted(kept):
         raise ValueError(f"{type(hf_model).__name__} renames its weights on save; it is saved whole")
     return list(kept)
+
+
+def write_weights(
+    directory: str | Path,
+    hf_model: Any,
+    keys: list[str],
+    produce: Callable[[str], torch.Tensor],
+    max_shard_size: int,
+) -> None:
+    """The weight files ``hf_model.save_pretrained(directory, max_shard_size=...)`` writes for its tensors ``keys``
+    (:func:`saved_keys`; ``hf_model`` may be on the meta device: only shapes and dtypes are read), each tensor's data
+    from ``produce(key)``: ``model.safetensors``, or above ``max_shard_size`` bytes the shards huggingface_hub's
+    ``split_torch_state_dict_into_shards`` assigns and ``model.safetensors.index.json`` (transformers 5.24: its
+    ``total_parameters``, the split's ``total_size``, the weight map; sorted keys, indent 2, a final newline)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    directory = Path(directory)
+    state = hf_model.state_dict()
+    saved = {k: state[k] for k in keys}
+    split = split_torch_state_dict_into_shards(
+        saved, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+    )
+    for file, names in split.filename_to_tensors.items():
+        specs = {k: (saved[k].shape, saved[k].dtype) for k in names}
+        write_safetensors(directory / file, specs, produce, metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {
+            "metadata": {"total_parameters": hf_model.num_parameters(), **split.metadata},
+            "weight_map": split.tensor_to_filename,
+        }
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+        (directory / "model.safetensors.index.json").write_text(text, encoding="utf-8")
 
 
 def _layout(

@@ -1018,6 +1018,9 @@ def _tokenizer(tokenizer: Any) -> Any:
     return Tokenizer.from_file(str(tokenizer_file))
 
 
+_SHARD_BYTES = 50 * 10**9  # save_pretrained's max_shard_size ("50GB"): above it, the weights are sharded
+
+
 def _write(
     hf_model: Any,
     out_dir: str | Path,
@@ -1033,7 +1036,7 @@ def _write(
         set_token_ids(hf_model, special_token_ids(tokenizer, special_tokens))
     with staged_directory(out_dir) as staging:  # out_dir never holds half an export
         if weights is None:
-            hf_model.save_pretrained(staging, safe_serialization=True)
+            hf_model.save_pretrained(staging, safe_serialization=True, max_shard_size=_SHARD_BYTES)
         else:
             hf_model.save_pretrained(staging, state_dict={})  # config.json, generation_config.json
             weights(staging)
@@ -1062,9 +1065,6 @@ def save_hf(
     return _write(hf_model, out_dir, tokenizer, special_tokens, backbone.config.max_seq_len)
 
 
-_SHARD_BYTES = 50 * 10**9  # save_pretrained's max_shard_size ("50GB"): above it, the weights are sharded
-
-
 def save_hf_streamed(
     config: ModelConfig,
     load: Callable[[str], torch.Tensor],
@@ -1083,12 +1083,12 @@ def save_hf_streamed(
     (``_mup_folds``), missing biases of GPT-2 / BERT / BigBird are zeros (:func:`with_zero_biases`).
     Tensors made here (casts, concatenations) live in mappings of their own (``stream.unpooled``: malloc's heap
     kept the freed ones, +3 MiB per GPT-2 layer).
-    One file, ``model.safetensors``: ``InputError`` above transformers' 50 GB shard size (``save_pretrained``
-    shards there)."""
+    Above 50 GB the weights are sharded as ``save_pretrained`` shards them (``model-0000i-of-0000n.safetensors``
+    and the index)."""
     import transformers
 
     from pretrain.checkpoint.stream import unpooled
-    from pretrain.compat.hf_save import saved_keys, write_safetensors
+    from pretrain.compat.hf_save import saved_keys, write_weights
 
     tokenizer = _tokenizer(tokenizer)
     with torch.device("meta"):
@@ -1105,13 +1105,6 @@ def save_hf_streamed(
     sources = _sources(family.rules(cfg), hf_shapes)
     _check_mapping(sources, hf_shapes, hf_model)
     keys = saved_keys(hf_model)
-    specs = {k: (hf_shapes[k], dtype) for k in keys}
-    numel = sum(shape.numel() for shape, _ in specs.values())
-    if numel * dtype.itemsize > _SHARD_BYTES:
-        raise InputError(
-            f"{_hf_class_name(cfg)} of {numel:,} parameters is over transformers' 50 GB shard size "
-            "(save_pretrained's default); `pretrain export` writes one model.safetensors, not shards"
-        )
     present = set(ours.state_dict())
 
     def cast(key: str) -> torch.Tensor:
@@ -1132,7 +1125,7 @@ def save_hf_streamed(
         return _parts(rule, get, hf_shapes, unpooled)[part]
 
     def weights(directory: Path) -> None:
-        write_safetensors(directory / "model.safetensors", specs, produce, metadata={"format": "pt"})
+        write_weights(directory, hf_model, keys, produce, _SHARD_BYTES)
 
     return _write(hf_model, out_dir, tokenizer, special_tokens, config.max_seq_len, weights)
 

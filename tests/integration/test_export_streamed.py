@@ -120,6 +120,19 @@ def test_bfloat16_weights_a_tokenizer_and_the_ema_stream_as_they_exported(name, 
     assert (ema / "model.safetensors").read_bytes() != (new / "model.safetensors").read_bytes()
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_sharded_export_writes_save_pretrained_s_shards_and_index(name, tmp_path, monkeypatch):
+    """Over the shard size (50 GB; 20 kB here, for both paths) the shards and the index as ``save_pretrained``."""
+    from pretrain.models import hf
+
+    monkeypatch.setattr(hf, "_SHARD_BYTES", 20_000)
+    path = checkpoint(tmp_path / "c.ckpt", SIZES | MODELS[name])
+    new = export_checkpoint(path, tmp_path / "new")
+    assert (new / "model.safetensors.index.json").is_file() and len(list(new.glob("model-*.safetensors"))) > 2
+    assert_same_files(new, whole_model_export(path, tmp_path / "old"))
+    assert hf.export_problem(new) is None
+
+
 def test_the_safetensors_writer_writes_what_save_file_writes(tmp_path):
     """Mixed dtypes (the library orders by dtype, then name), a scalar, an empty tensor, a transposed one."""
     from safetensors.torch import save_file
