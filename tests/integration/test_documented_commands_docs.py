@@ -57,8 +57,11 @@ def page_commands(page: Path) -> list[list[str]]:
 PAGES = sorted(p for p in DOCS.glob("*.md") if page_commands(p))
 # `pretrain plan` of the 124M recipe on 8 GPUs with TP x CP traces every layout: ~4 CPU-min (its rows on a tiny
 # model are checked against real gloo ranks in test_plan.py); attention.md prepares WikiText-2 and trains at 4,096
-# tokens (~110 s; its attention paths are test_attention's, its recipes composed by test_recipes)
-HEAVY = {"gpu.md", "attention.md"}
+# tokens (~110 s; its attention paths are test_attention's, its recipes composed by test_recipes); long-runs.md
+# fits the 124M recipe and converts, merges and exports (~140 s; each verb's own test runs in make test:
+# test_reshard, test_async_checkpoint, test_ema, test_checkpoint_merge, test_export_streamed); modernbert.md tokenizes, prepares
+# and fits its recipe (~57 s; test_recipes and test_hf cover it). They left make test when CI ran 1,243 s (budget 1,200)
+HEAVY = {"gpu.md", "attention.md", "long-runs.md", "modernbert.md"}
 RUN = [
     pytest.param(p, id=p.name, marks=[pytest.mark.heavy] if p.name in HEAVY else [])
     for p in PAGES
