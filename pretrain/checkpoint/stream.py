@@ -49,6 +49,7 @@ from pretrain.checkpoint.optimizer_state import (
 from pretrain.compat.torch_save import placeholders, read_chunks_into, save_filled
 from pretrain.errors import InputError
 from pretrain.io import replace_path
+from pretrain.memory import unpooled
 
 Placeholder = Callable[[torch.Size, torch.dtype], torch.Tensor]
 
@@ -174,18 +175,6 @@ def released_copy(tensor: torch.Tensor) -> torch.Tensor:
         target[at : at + _CHUNK].copy_(source[at : at + _CHUNK])
         _release(source.data_ptr() + at, min(_CHUNK, source.numel() - at))
     return flat.as_strided(tensor.shape, tensor.stride())
-
-
-def unpooled(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor in a memory mapping of its own, given back to the OS as soon as the tensor is freed.
-    (``torch.empty`` takes it from malloc, which keeps freed blocks below its mmap threshold -- up to 32 MiB, raised
-    by every such block freed -- in its heap: tensors of varied sizes read one after another fragmented it, and a
-    conversion's resident memory grew with every layer.)"""
-    numel = int(torch.Size(shape).numel())
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)
 
 
 def _dcp_source(path: Path, make: Placeholder) -> Source:

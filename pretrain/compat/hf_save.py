@@ -128,8 +128,8 @@ def write_safetensors(
 
 def _write_tensor(f: Any, tensor: torch.Tensor) -> None:
     """``tensor``'s bytes in row-major order: a contiguous tensor's memory itself, another's rows copied 16 MiB at
-    a time into a buffer mapped for it (``stream.unpooled``; malloc's heap kept such blocks)."""
-    from pretrain.checkpoint.stream import unpooled
+    a time into a buffer mapped for it (``memory.unpooled``; malloc's heap kept such blocks)."""
+    from pretrain.memory import unpooled
 
     if tensor.dim() == 0:
         tensor = tensor.reshape(1)

@@ -1081,14 +1081,14 @@ def save_hf_streamed(
     an HF tensor written reads (a tied LM head's never); its tensor is cast to the dtype of the model's parameters
     as ``load_state_dict`` casts it, muP's multipliers folded in as :func:`standard_equivalent` folds them
     (``_mup_folds``), missing biases of GPT-2 / BERT / BigBird are zeros (:func:`with_zero_biases`).
-    Tensors made here (casts, concatenations) live in mappings of their own (``stream.unpooled``: malloc's heap
+    Tensors made here (casts, concatenations) live in mappings of their own (``memory.unpooled``: malloc's heap
     kept the freed ones, +3 MiB per GPT-2 layer).
     Above 50 GB the weights are sharded as ``save_pretrained`` shards them (``model-0000i-of-0000n.safetensors``
     and the index)."""
     import transformers
 
-    from pretrain.checkpoint.stream import unpooled
     from pretrain.compat.hf_save import saved_keys, write_weights
+    from pretrain.memory import unpooled
 
     tokenizer = _tokenizer(tokenizer)
     with torch.device("meta"):

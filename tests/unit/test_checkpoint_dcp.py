@@ -93,29 +93,6 @@ def test_an_item_holding_an_object_is_not_unpickled(tmp_path):
     assert RAN == []
 
 
-def test_a_tensor_read_for_conversion_gives_its_memory_back_to_the_os_when_dropped():
-    """``stream.unpooled``: a conversion's tensors live in mappings of their own, so the resident size falls back
-    once each is written and dropped. From malloc (``torch.empty``), blocks under its mmap threshold (up to 32 MiB)
-    freed below a later small allocation stay in its heap: this pattern kept 13-37 MiB."""
-    from pretrain.checkpoint.stream import unpooled
-
-    def resident_mib():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-    # a freed 12 MiB block raises glibc's mmap threshold, as a conversion's first tensors do
-    warm = torch.empty(3 << 20)
-    warm.fill_(0)
-    del warm
-    before, kept = resident_mib(), []
-    for mib in (4, 6, 8, 10, 12):  # growing tensors, each followed by a small allocation that outlives it
-        tensor = unpooled(torch.Size([mib << 18]), torch.float32)
-        tensor.fill_(1.0)
-        kept.append(torch.ones(256))
-        del tensor
-    assert resident_mib() - before < 4
-
-
 def file_checkpoint(path, mib: int = 4, layers: int = 4) -> None:
     """A checkpoint file of ``layers`` tensors of ``mib`` MiB with a moment each, a transposed one and a tied one."""
     rows = mib << 8

@@ -14,8 +14,9 @@ MAPPED = {"objectives": "pretrain.objectives", "datamodules": "pretrain.datamodu
 
 # Floors, bottom up. A module's floor is that of the longest prefix naming it.
 FLOORS: list[tuple[str, ...]] = [
-    # 0: no project imports but each other: errors, atomic writes and locks, shims of private APIs, YAML composition
-    ("pretrain.errors", "pretrain.io", "pretrain.compat", "pretrain.config.compose"),
+    # 0: no project imports but each other: errors, atomic writes and locks, unpooled memory, shims of private
+    # APIs, YAML composition
+    ("pretrain.errors", "pretrain.io", "pretrain.memory", "pretrain.compat", "pretrain.config.compose"),
     # 1: the pieces: objectives, data, parallel layouts, models
     ("pretrain.objectives", "pretrain.datamodules", "pretrain.parallel", "pretrain.models"),
     # 2: the run's schema and the optimizer built from it
