@@ -1,5 +1,5 @@
 """The ``pretrain`` commands of every docs page run as written (issue 31), after a tiny GPT run in
-``runs/gpt-tiny`` (what ``make demo`` leaves), in each page's order; ``PRETRAIN_OVERRIDES`` cuts every training
+``runs/gpt-tiny`` (what ``make demo`` leaves; trained once, each page runs in a copy), in each page's order; ``PRETRAIN_OVERRIDES`` cuts every training
 run to 2 steps. A command that cannot run here is listed in ``NOT_RUN`` with the reason and the test that covers
 it instead, so a new docs command is either run or named."""
 
@@ -74,25 +74,34 @@ def test_every_command_not_run_is_still_documented():
     assert set(NOT_RUN) <= documented, set(NOT_RUN) - documented
 
 
+@pytest.fixture(scope="module")
+def demo_work(tmp_path_factory, shakespeare) -> Path:
+    """A work directory as ``make demo`` leaves it: the recipes' tokenizer and corpus under ``runs/``, and a tiny
+    GPT run in ``runs/gpt-tiny`` (2 steps); trained once, each page gets a copy."""
+    work = tmp_path_factory.mktemp("demo") / "work"
+    (work / "runs" / "tokenizers").mkdir(parents=True)
+    shutil.copy(shakespeare["root"] / "tokenizer.json", work / "runs/tokenizers/tinyshakespeare-bpe1k.json")
+    shutil.copytree(shakespeare["root"] / "data", work / "runs/data/tinyshakespeare-bpe1k")
+    run(work, ["pretrain", "fit", "recipes/gpt-tiny.yaml"], SHORT["fit"])
+    return work
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN)
-def test_docs_page_commands_run_as_written(request, tmp_path, shakespeare, page):
+def test_docs_page_commands_run_as_written(request, tmp_path, demo_work, page):
     # skipped without it on a developer's machine, failed in CI (tests/conftest.py's shared_data)
     shared = request.getfixturevalue("shared_data") if page.name in SHARED else SHARED_DATA
     work = tmp_path / "work"
-    (work / "runs" / "tokenizers").mkdir(parents=True)
+    shutil.copytree(demo_work, work, symlinks=True)
     if shared.is_dir():  # `--data-root ../shared/data` as written
         (tmp_path / "shared").mkdir()
         (tmp_path / "shared" / "data").symlink_to(shared.resolve())
-    shutil.copy(shakespeare["root"] / "tokenizer.json", work / "runs/tokenizers/tinyshakespeare-bpe1k.json")
-    shutil.copytree(shakespeare["root"] / "data", work / "runs/data/tinyshakespeare-bpe1k")
     short = dict(SHORT)
     if shared.is_dir():  # a finetune's final evaluation on 16 SST-2 rows, not 872
         dev = tmp_path / "dev.tsv"
         dev.write_text("".join((shared / "cls/glue/SST-2/dev.tsv").read_text().splitlines(True)[:17]))
         kept = [o for o in short["finetune"].split() if not o.startswith("data.val_file=")]
         short["finetune"] = " ".join([*kept, f"data.val_file={dev}"])
-    run(work, ["pretrain", "fit", "recipes/gpt-tiny.yaml"], short["fit"])  # what `make demo` leaves
     for argv in page_commands(page):
         if " ".join(argv) not in NOT_RUN:
             run(work, argv, short.get(argv[1], ""))

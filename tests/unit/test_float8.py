@@ -52,10 +52,11 @@ def test_float8_converts_the_block_linears_and_trains_within_two_percent_of_the_
     assert not isinstance(converted.lm_head, Float8Linear)
     assert isinstance(converted.decoder.blocks[1].mlp.proj, Float8Linear)
     assert converted.state_dict().keys() == reference.state_dict().keys()  # checkpoints unchanged
-    base, low = train(reference), train(converted)
-    # 30 steps of a tiny model amplify float8's rounding: seeds 0-2 end 0.1-2.0 % from the reference (fused or
-    # separate q, k, v projections alike); a wrong cast or scale would not learn (ln(128) = 4.85 at the start)
-    assert low == pytest.approx(base, rel=0.02) and low < 4.0
+    base, low = train(reference, steps=10), train(converted, steps=10)
+    # 10 steps, while the loss still falls from ln(128) = 4.85 (to ~3.4): seeds 0-3 end within 0.26 % of the
+    # reference; a wrong cast or scale would not learn. Not 30: by then the tiny model memorises its 8 rows (loss
+    # ~0.84) and amplifies float8's rounding by CPU: seed 0 ended 2.6 % off on one AVX2 machine, under 2 % on others
+    assert low == pytest.approx(base, rel=0.01) and low < 4.0
 
 
 def test_float8_model_compiles_without_graph_breaks():
