@@ -13,7 +13,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CORPUS = REPO_ROOT / "recipes" / "data" / "tinyshakespeare.txt"
 
-# one thread per test process: `make test` runs three pytest workers on 2 cores, and tiny kernels run
+# one thread per test process: `make test` runs four pytest workers on 2 cores, and tiny kernels run
 # far faster on one thread than on two contended ones (OpenMP barriers); subprocess runs get OMP_NUM_THREADS=1 too
 torch.set_num_threads(1)
 
@@ -69,7 +69,8 @@ def tiny_gpt_run(tmp_path_factory, tiny_world) -> dict[str, Path]:
     from pretrain.cli import main
 
     directory = tmp_path_factory.mktemp("tiny_gpt_run")
-    recipe = tiny_recipe(directory, tiny_world, "gpt", trainer={"max_steps": 4, "val_check_interval": 2})
+    trainer = {"max_steps": 4, "val_check_interval": 2}
+    recipe = tiny_recipe(directory, tiny_world, "gpt", trainer=trainer, logger={"curves": True})
     assert main(["fit", str(recipe)]) == 0
     return {"recipe": recipe, "ckpt": directory / "run" / "checkpoints" / "last.ckpt", "dir": directory}
 

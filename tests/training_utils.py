@@ -104,7 +104,8 @@ def tiny_recipe(directory: Path, world: dict[str, Path], kind: str = "gpt", **se
             "log_every_n_steps": 1,
             "progress_bar": False,
         },
-        "logger": {"wandb": {"enabled": False}, "csv": True},
+        # no curves.png: ~1.4 CPU-s of matplotlib per fit, over the suite's hundreds; the tests that read it ask
+        "logger": {"wandb": {"enabled": False}, "csv": True, "curves": False},
         "checkpoint": {"every_n_steps": 5, "save_top_k": 1},
     }
     for key, value in sections.items():

@@ -242,6 +242,8 @@ class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     csv: bool = True
     tensorboard: bool = False
+    # <run_dir>/curves.png drawn from the CSV log at the end of a fit (~1.4 CPU-s of matplotlib)
+    curves: bool = True
 
 
 @dataclass

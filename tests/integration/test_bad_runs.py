@@ -14,7 +14,7 @@ from pretrain.cli import main
 
 def test_a_run_shorter_than_the_log_interval_logs_and_plots(capfd, tmp_path, tiny_world):
     trainer = {"max_steps": 3, "log_every_n_steps": 10, "val_check_interval": 100, "progress_bar": True}
-    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer)
+    recipe = tiny_recipe(tmp_path, tiny_world, "gpt", trainer=trainer, logger={"curves": True})
     assert main(["fit", str(recipe)]) == 0
     out, err = capfd.readouterr()
     # not a terminal: progress as plain lines (the last step's at least), and no library tips or notices

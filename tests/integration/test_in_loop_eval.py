@@ -120,7 +120,8 @@ def test_decoder_in_loop_eval_is_pretrain_evaluate_leaves_losses_bitwise_and_sur
     evaluated = eval_recipe(tmp_path / "evaluated", world, "gpt", model=model)
     assert cli_main(["fit", str(plain), "trainer.max_steps=6"]) == 0
     assert cli_main(["fit", str(evaluated)]) == 0
-    assert cli_main(["fit", str(evaluated), "trainer.max_steps=6"]) == 0  # resume=auto from step 4
+    # resume=auto from step 4, curves.png drawn at its end
+    assert cli_main(["fit", str(evaluated), "trainer.max_steps=6", "logger.curves=true"]) == 0
     run_dir = tmp_path / "evaluated" / "run"
     reference = metric_by_step(read_metrics(tmp_path / "plain" / "run"), "train/loss")
     launches = launch_metrics(run_dir)
@@ -144,6 +145,7 @@ def test_decoder_in_loop_eval_is_pretrain_evaluate_leaves_losses_bitwise_and_sur
     curves = read_curves(run_dir)  # curves.png reads the same columns
     assert [s for s, _ in curves["eval/core"]] == [2, 4, 6] and "eval/mc/acc" in curves
     assert (run_dir / "curves.png").is_file()
+    assert not (tmp_path / "plain" / "run" / "curves.png").exists()  # logger.curves=false (tiny_recipe's)
 
 
 @pytest.mark.parametrize("kind", ["bert", "t5"])
