@@ -126,7 +126,9 @@ def fault_script(spec: str, recipe_path, timeout: float = 300):
     )
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+# one process in the heavy tier (~21 s): the 2-rank case runs the same watchdog and checks the sleeping rank's dump
+# (on_train_batch_start, as a lone process's) besides the one blocked in the all-reduce
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.heavy), 2])
 def test_hang_dumps_every_ranks_stacks_and_exits_nonzero(tmp_path, tiny_world, ranks):
     """Step 5 of the last rank sleeps 10 minutes: within the configured 2 s (5 x the median step), every rank
     writes its Python stacks -- the sleeping one, and the one blocked in the all-reduce waiting for it -- and
