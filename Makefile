@@ -34,9 +34,10 @@ demo: install
 
 # four test processes (pytest-xdist), each test file whole in one of them (its module fixtures built once): the
 # suite's subprocess launches, waits and multi-rank collectives leave the CPU idle a fifth of the time under two
-# (a clean run on 2 cores: 158 % CPU; 168 % under three or four, the whole .ci/run install included). --no-loadscope-reorder keeps the files in tests/conftest.py's order
-# (end-to-end files first) instead of xdist's default (files with the most tests first, which left the long
-# end-to-end files to run last, the other workers idle). mypy checks pretrain/ (pyproject.toml's [tool.mypy])
+# (a clean run on 2 cores: 158 % CPU; 168 % under three or four, the whole .ci/run install included).
+# --no-loadscope-reorder keeps the files in tests/conftest.py's order (end-to-end files first) instead of
+# xdist's default (files with the most tests first, which left the long end-to-end files to run last, the other
+# workers idle). mypy checks pretrain/ (pyproject.toml's [tool.mypy])
 # alongside the tests, and its verdict counts as theirs does.
 TEST_WORKERS ?= 4
 PYTEST = PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -89,8 +89,8 @@ def _fit(run: RunConfig, resolved: dict[str, Any], recipe: str, overrides: list[
     last = run.checkpoint_dir / "last.ckpt"  # written after the last step by LastCheckpoint
     if trainer.is_global_zero:
         summary(trainer, run, module, last if last.exists() else parts.ckpt)
-        logged = any((run.run_path / "logs").glob("version_*/metrics.csv"))
-        if run.logger.csv and run.logger.curves and logged:
+        drawn = run.logger.csv and run.logger.curves
+        if drawn and any((run.run_path / "logs").glob("version_*/metrics.csv")):
             from pretrain.training.callbacks.plots import plot_runs
 
             print(f"  curves: {plot_runs([run.run_path], run.run_path / 'curves.png')}")

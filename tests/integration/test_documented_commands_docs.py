@@ -1,7 +1,7 @@
 """The ``pretrain`` commands of every docs page run as written (issue 31), after a tiny GPT run in
-``runs/gpt-tiny`` (what ``make demo`` leaves; trained once, each page runs in a copy), in each page's order; ``PRETRAIN_OVERRIDES`` cuts every training
-run to 2 steps. A command that cannot run here is listed in ``NOT_RUN`` with the reason and the test that covers
-it instead, so a new docs command is either run or named."""
+``runs/gpt-tiny`` (what ``make demo`` leaves; trained once, each page runs in a copy), in each page's order;
+``PRETRAIN_OVERRIDES`` cuts every training run to 2 steps. A command that cannot run here is listed in
+``NOT_RUN`` with the reason and the test that covers it instead, so a new docs command is either run or named."""
 
 from __future__ import annotations
 
