@@ -58,8 +58,9 @@ def reference_state(ns: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def worker(rank: int, port: int, ns: str, out: dict) -> None:
-    """Trains DDP, then FSDP2, in one process group; rank 0 stores the full state dicts in ``out``."""
+def worker(rank: int, port: int, out: dict) -> None:
+    """Trains DDP, then FSDP2, for each Newton-Schulz dtype, in one process group; rank 0 stores the full state
+    dicts in ``out[(ns, kind)]``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from pretrain.training.strategies import shard_model
@@ -68,7 +69,7 @@ def worker(rank: int, port: int, ns: str, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        for kind in ("ddp", "fsdp"):
+        for ns, kind in [(ns, kind) for ns in sorted(OPTIM) for kind in ("ddp", "fsdp")]:
             torch.manual_seed(0)
             model = Transformer(CONFIG)
             net = None
@@ -80,7 +81,7 @@ def worker(rank: int, port: int, ns: str, out: dict) -> None:
             train(model, (rank,), ns, net)
             state = {k: getattr(v, "full_tensor", lambda v=v: v)() for k, v in model.state_dict().items()}
             if rank == 0:
-                out[kind] = {k: v.detach().clone() for k, v in state.items()}
+                out[(ns, kind)] = {k: v.detach().clone() for k, v in state.items()}
     finally:
         dist.destroy_process_group()
 
@@ -91,14 +92,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("ns", sorted(OPTIM))
-def test_muon_two_ranks_ddp_and_fsdp_equal_one_process(ns):
-    expected = reference_state(ns)
+@pytest.fixture(scope="module")
+def sharded_states() -> dict:
+    """Both dtypes' DDP and FSDP2 runs in one launch of 2 ranks (each rank imports torch and Lightning once)."""
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(worker, args=(free_port(), ns, out), nprocs=2, start_method="spawn")
-        got = dict(out)
+        mp.start_processes(worker, args=(free_port(), out), nprocs=2, start_method="spawn")
+        return dict(out)
+
+
+@pytest.mark.parametrize("ns", sorted(OPTIM))
+def test_muon_two_ranks_ddp_and_fsdp_equal_one_process(sharded_states, ns):
+    expected = reference_state(ns)
     for kind in ("ddp", "fsdp"):
-        assert got[kind].keys() == expected.keys()
+        got = sharded_states[(ns, kind)]
+        assert got.keys() == expected.keys()
         for key, value in expected.items():
-            torch.testing.assert_close(got[kind][key], value, atol=1e-5, rtol=0, msg=f"{kind}: {key}")
+            torch.testing.assert_close(got[key], value, atol=1e-5, rtol=0, msg=f"{kind}: {key}")
