@@ -7,6 +7,7 @@ import copy
 import json
 import random
 import signal
+import time
 
 import pytest
 import torch
@@ -126,10 +127,25 @@ def test_sigkill_then_resume_auto_is_bitwise_exact(tmp_path, tiny_world, kind, a
         check_wandb(tmp_path / "killed" / "run", step)
 
 
+def complete_records(run_file, timeout: float = 60) -> list:
+    """The records of an offline run file once W&B has written its last one, the run's ``exit`` record: under
+    load W&B's service may still be writing the file when ``wandb.finish()`` has returned (a CI run read the third
+    launch's file without its history, which W&B's own end-of-run summary showed)."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            records = wandb_records(run_file)
+        except Exception:  # noqa: BLE001 - a record cut mid-write: read again
+            records = []
+        if (records and records[-1].WhichOneof("record_type") == "exit") or time.monotonic() > end:
+            return records
+        time.sleep(0.2)
+
+
 def wandb_history(run_file) -> dict[int, dict]:
     """``{W&B step: row}`` of an offline run file (rows of one step merged, as W&B merges them)."""
     rows: dict[int, dict] = {}
-    for record in wandb_records(run_file):
+    for record in complete_records(run_file):
         if record.WhichOneof("record_type") == "history":
             items = {(i.key or "/".join(i.nested_key)): i.value_json for i in record.history.item}
             rows.setdefault(int(items["_step"]), {}).update(items)
