@@ -3,8 +3,8 @@ the whole batch (same weights within 1e-5 after a few steps; the sharded run ort
 
 from __future__ import annotations
 
+import itertools
 import os
-import socket
 
 import pytest
 import torch
@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from training_utils import free_port
 
 from pretrain.config import OptimConfig
 from pretrain.config.run import MuonConfig
@@ -69,7 +70,7 @@ def worker(rank: int, port: int, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        for ns, kind in [(ns, kind) for ns in sorted(OPTIM) for kind in ("ddp", "fsdp")]:
+        for ns, kind in itertools.product(sorted(OPTIM), ("ddp", "fsdp")):
             torch.manual_seed(0)
             model = Transformer(CONFIG)
             net = None
@@ -84,12 +85,6 @@ def worker(rank: int, port: int, out: dict) -> None:
                 out[(ns, kind)] = {k: v.detach().clone() for k, v in state.items()}
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -131,11 +131,13 @@ def complete_records(run_file, timeout: float = 60) -> list:
     """The records of an offline run file once W&B has written its last one, the run's ``exit`` record: under
     load W&B's service may still be writing the file when ``wandb.finish()`` has returned (a CI run read the third
     launch's file without its history, which W&B's own end-of-run summary showed)."""
+    from google.protobuf.message import DecodeError
+
     end = time.monotonic() + timeout
     while True:
         try:
             records = wandb_records(run_file)
-        except Exception:  # noqa: BLE001 - a record cut mid-write: read again
+        except DecodeError:  # a record cut mid-write: read again
             records = []
         if (records and records[-1].WhichOneof("record_type") == "exit") or time.monotonic() > end:
             return records
