@@ -7,7 +7,7 @@ the window is the ``--window`` steps after the save step (their wall time holds 
 and whatever the background write takes from it). Modes alternate within each of ``--rounds`` rounds; medians
 are reported, each mode against "none" of the same rounds, plus the save step alone.
 
-    python benchmarks/bench_async_save.py [--rounds 3] [--seq-len 256] [--save-at 4] [--window 4] [--modes none,async]
+    python benchmarks/bench_async_save.py [--rounds 3] [--seq-len 256] [--save-at 4] [--window 2] [--modes none,async,async:1]
 """
 
 from __future__ import annotations
@@ -22,6 +22,14 @@ import tempfile
 from pathlib import Path
 
 MODES = {"none": [], "sync": ["checkpoint.async_save=false"], "async": ["checkpoint.async_save=true"]}
+
+
+def mode_overrides(mode: str) -> list[str]:
+    """``none``, ``sync``, ``async`` (the default ``checkpoint.async_write_share``) or ``async:<share>``."""
+    name, _, share = mode.partition(":")
+    return MODES[name] + ([f"checkpoint.async_write_share={share}"] if share else [])
+
+
 GPT2_124M = [  # configs/model/gpt2-124m.yaml's shape over the tiny recipe's model section
     "model.vocab_size=50304",
     "model.d_model=768",
@@ -40,7 +48,7 @@ def child(mode: str, work: Path, seq_len: int, save_at: int, window: int, out: P
 
     steps = save_at + window + 1
     overrides = [
-        *corpus_overrides(work, f"run-{mode}"),
+        *corpus_overrides(work, f"run-{mode.replace(':', '-')}"),
         *GPT2_124M,
         f"data.seq_len={seq_len}",
         "data.micro_batch_size=1",
@@ -50,7 +58,7 @@ def child(mode: str, work: Path, seq_len: int, save_at: int, window: int, out: P
         "trainer.progress_bar=false",
         "checkpoint.save_top_k=0",
         f"checkpoint.every_n_steps={save_at if mode != 'none' else 10 * steps}",
-        *MODES[mode],
+        *mode_overrides(mode),
     ]
     times = fit_clocks(overrides)
     out.write_text(json.dumps([t[0] for t in times]))
@@ -69,10 +77,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--save-at", type=int, default=4)
-    parser.add_argument("--window", type=int, default=4)
-    parser.add_argument("--modes", default=",".join(MODES), help="modes to run (none always)")
+    parser.add_argument("--window", type=int, default=2)
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="modes to run (none always): none, sync, async, async:<checkpoint.async_write_share>",
+    )
     parser.add_argument("--child", nargs=3, metavar=("MODE", "WORK", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.window >= args.save_at:
+        parser.error(
+            f"--window {args.window} must be below --save-at {args.save_at}: the next save (every --save-at steps) "
+            f"would fall in the window and wait for this one"
+        )
     if args.child:
         mode, work, out = args.child
         return child(mode, Path(work), args.seq_len, args.save_at, args.window, Path(out))
@@ -80,7 +97,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from step_timing import prepare_corpus
 
-    modes = ["none", *(m for m in args.modes.split(",") if m in MODES and m != "none")]
+    modes = ["none", *(m for m in args.modes.split(",") if m.partition(":")[0] in MODES and m != "none")]
     results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -111,10 +128,10 @@ def main() -> None:
         f"\nGPT-2 124M shape, {args.seq_len} tokens/step, window of {args.window} steps after the save at step "
         f"{args.save_at}, median of {args.rounds} rounds, load {os.getloadavg()}"
     )
-    print(f"{'mode':<6} {'window s':>9} {'window ratio':>13} {'save step s':>12} {'save step ratio':>16}")
+    print(f"{'mode':<9} {'window s':>9} {'window ratio':>13} {'save step s':>12} {'save step ratio':>16}")
     for mode, rows in results.items():
         w, s = statistics.median(x for x, _ in rows), statistics.median(y for _, y in rows)
-        print(f"{mode:<6} {w:>9.2f} {w / base_window:>13.3f} {s:>12.2f} {s / base_step:>16.3f}")
+        print(f"{mode:<9} {w:>9.2f} {w / base_window:>13.3f} {s:>12.2f} {s / base_step:>16.3f}")
     return None
 
 

@@ -20,6 +20,34 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 
+def wait_before_update(optimizer: torch.optim.Optimizer, wait: Callable[[], None]) -> None:
+    """Call ``wait`` at every ``optimizer.step`` before it changes a parameter or a state tensor, as late as that:
+    after the closure where ``step`` is given one (Lightning's automatic optimization runs the forward and
+    backward pass inside ``optimizer.step``, as that closure, after the step's pre-hooks), else before the step.
+    A host copy of the state taken in the background (a snapshot, a checkpoint's staging) then overlaps the
+    forward and backward pass instead of delaying them."""
+
+    def pre_hook(
+        opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        first = 1 if args and args[0] is opt else 0  # torch passes the optimizer itself as args[0]
+        closure = kwargs.get("closure", args[first] if len(args) > first else None)
+        if closure is None:
+            wait()
+            return None
+
+        def closure_then_wait() -> Any:
+            loss = closure()
+            wait()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_wait}
+        return (*args[:first], closure_then_wait, *args[first + 1 :]), kwargs
+
+    optimizer.register_step_pre_hook(pre_hook)
+
+
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     """The 2-D weights mapping a hidden width to a hidden width: every trainable parameter with 2 dims except
     embedding tables (token, position, segment, T5 relative bias) and the LM head (tied or not). These are

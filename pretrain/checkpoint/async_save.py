@@ -2,18 +2,19 @@
 
 The training thread only starts a save and returns to training: a staging thread copies the state into host
 buffers that are kept from one save to the next (``torch.distributed.checkpoint``'s ``DefaultStager``) while
-the next step's forward and backward pass run, and that step's update waits for the copy (a step pre-hook on
-the optimizers: until then nothing the checkpoint holds changes). The state is copied once per save: where a
-host copy of this very state is being made anyway (``host_copies``: the guards' snapshot taken at every
-checkpoint), its copies are written and only the tensors it lacks are staged. A writer thread of the lowest CPU priority
-then writes the copy as a torch.distributed.checkpoint directory (every rank its shards, a replicated tensor
-once) with DCP's ``save``, on a gloo process group of its own (the training collectives keep theirs). Once
-every rank's files and DCP's ``.metadata`` are written (DCP's save gathers the ranks' write results on rank 0
-before it writes ``.metadata``), rank 0 adds ``meta.pt`` (the Lightning state without weights) and puts the
-directory in place of the checkpoint with one atomic exchange of names, in the writer thread as soon as the
-write is complete: a reader, and a run killed at any moment, sees the previous checkpoint or the complete new
-one. At most one save is in flight: a new one first waits for the previous one; ``wait`` finishes a pending
-save (end of fit, stop signal).
+the next step's forward and backward pass run, and that step's update waits for the copy (``wait_before_update``:
+after the optimizer's closure, in which Lightning runs the forward and backward pass; until then nothing the
+checkpoint holds changes). The state is copied once per save: where a host copy of this very state is being made
+anyway (``host_copies``: the guards' snapshot taken at every checkpoint), its copies are written and only the
+tensors it lacks are staged. A writer thread of the lowest CPU priority then writes the copy as a
+torch.distributed.checkpoint directory (every rank its shards, a replicated tensor once) with DCP's ``save``, on a
+gloo process group of its own (the training collectives keep theirs), through ``direct_write``: DCP's bytes,
+around the page cache and paced to ``checkpoint.async_write_share`` of the wall clock. Once every rank's files and
+DCP's ``.metadata`` are written (DCP's save gathers the ranks' write results on rank 0 before it writes
+``.metadata``), rank 0 adds ``meta.pt`` (the Lightning state without weights) and puts the directory in place of
+the checkpoint with one atomic exchange of names, in the writer thread as soon as the write is complete: a reader,
+and a run killed at any moment, sees the previous checkpoint or the complete new one. At most one save is in
+flight: a new one first waits for the previous one; ``wait`` finishes a pending save (end of fit, stop signal).
 
 The layout is the one FSDP's sharded checkpoints have (``state_dict.*``, ``optimizer_<i>.*`` keyed by
 parameter name, ``meta.pt``), under DDP and one process as well: every strategy reads it (``reshard``).
@@ -34,11 +35,13 @@ import torch
 from torch import Tensor
 
 from pretrain.checkpoint import dcp  # noqa: F401  (its warning filter for no_dist saves)
+from pretrain.checkpoint.direct_write import direct_writer
 from pretrain.checkpoint.io import METADATA, CheckpointWriteError
 from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
 from pretrain.checkpoint.optimizer_state import dcp_state
 from pretrain.compat.dtensor import local_shard
 from pretrain.io import STORAGE_ERRNOS, replace_path
+from pretrain.optim import wait_before_update
 
 TMP_SUFFIX = ".tmp"  # ``.<name>.<random>.tmp``: what ``remove_partial_saves`` deletes after a kill
 
@@ -104,12 +107,14 @@ class AsyncCheckpointWriter:
 
     A save costs the training thread a few dictionary look-ups: the copy into the host buffers runs in a
     staging thread while the next step's forward and backward pass run (they only read the state), and the
-    next update waits for it (a step pre-hook on ``optimizers``: nothing the checkpoint holds changes before
-    then). The write then runs in a thread of the lowest priority, the step's threads first. ``host_copies`` (set
+    next update waits for it (``wait_before_update`` on ``optimizers``: nothing the checkpoint holds changes before
+    then). The write then runs in a thread of the lowest priority, the step's threads first, paced to ``share``
+    of the wall clock (``direct_write``). ``host_copies`` (set
     by ``build_trainer``: the guards' snapshot) gives copies of the state made anyway, written instead of a second
     copy."""
 
-    def __init__(self) -> None:
+    def __init__(self, share: float = 1.0) -> None:
+        self.share = share  # of the wall clock the write keeps the storage busy (``direct_write``)
         self.host_copies: HostCopies | None = None
         self._stager: Any = None
         self._group: Any = None
@@ -154,13 +159,14 @@ class AsyncCheckpointWriter:
         for optimizer in optimizers:
             if id(optimizer) not in self._hooked:
                 self._hooked.add(id(optimizer))
-                optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
+                wait_before_update(optimizer, self.wait_staged)
         written: Future = Future()  # done once the write no longer reads the staged tensors
         copies = self.host_copies(written) if self.host_copies is not None else None
         self._staged = self._staging.submit(self._stage, tensors, copies)
         self._pending = self._writing.submit(
             self._write,
             self._staged,
+            self.share,
             self._group,
             distributed,
             host_copy(meta) if rank0 else None,
@@ -221,6 +227,7 @@ class AsyncCheckpointWriter:
     def _write(
         cls,
         staged: Future,
+        share: float,
         group: Any,
         distributed: bool,
         meta: dict[str, Any] | None,
@@ -231,14 +238,14 @@ class AsyncCheckpointWriter:
         """Background, once the copy is staged: every rank writes its files (DCP's save gathers the ranks'
         write results before rank 0 writes ``.metadata``), then rank 0 (which holds ``meta``) puts the
         directory in place. ``written`` is set once the staged tensors are no longer read."""
-        from torch.distributed.checkpoint import FileSystemWriter, save
+        from torch.distributed.checkpoint import save
 
         upload: Future = Future()
         try:
             state = staged.result()
             save(
                 state,
-                storage_writer=FileSystemWriter(tmp, sync_files=True),
+                storage_writer=direct_writer(tmp, share),
                 process_group=group,
                 no_dist=not distributed,
             )
@@ -306,9 +313,9 @@ class AsyncCheckpointIO(AtomicCheckpointIO):
     written by an :class:`AsyncCheckpointWriter` as a DCP directory. ``strategy`` (set once the Trainer exists)
     gives the optimizers and the module whose parameter names key the optimizer state."""
 
-    def __init__(self, reclaimable: Callable[[], list[Path]] | None = None):
+    def __init__(self, reclaimable: Callable[[], list[Path]] | None = None, share: float = 1.0):
         super().__init__(reclaimable)
-        self.writer = AsyncCheckpointWriter()
+        self.writer = AsyncCheckpointWriter(share)
         self.strategy: Any = None
 
     def save_checkpoint(

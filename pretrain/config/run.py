@@ -256,6 +256,9 @@ class CheckpointConfig:
     )
     # write checkpoints in the background (torch.distributed.checkpoint directories; training goes on meanwhile)
     async_save: bool = False
+    # share of the wall clock the background write keeps the storage busy (paced: a write takes ~1/share as long
+    # as alone, and takes that much less from the training); 1: as fast as it can
+    async_write_share: float = 0.25
 
 
 LOWER_IS_BETTER = frozenset({"loss", "ppl", "perplexity", "nll", "bpb", "bpc", "error", "err", "wer", "cer"})
@@ -296,6 +299,11 @@ def shared_problems(t: TrainerConfig, c: CheckpointConfig) -> list[str]:
         )
     if c.every_n_steps < 1:
         problems.append(f"checkpoint.every_n_steps must be >= 1, got {c.every_n_steps}")
+    if not 0 < c.async_write_share <= 1:
+        problems.append(
+            f"checkpoint.async_write_share must be in (0, 1] (1: write as fast as the storage takes it), "
+            f"got {c.async_write_share}"
+        )
     if c.save_top_k < -1:
         problems.append(
             f"checkpoint.save_top_k must be >= -1 (0: no best checkpoints, -1: every validation's), "

@@ -145,7 +145,7 @@ def build_fsdp(run: TrainingRun) -> Strategy:
     # state_dict_type=full: one file, written by rank 0 (or in the background, a DCP directory)
     strategy.checkpoint_io = checkpoint_io(run)
     if sharded and run.checkpoint.async_save:
-        strategy.async_writer = AsyncCheckpointWriter()
+        strategy.async_writer = AsyncCheckpointWriter(run.checkpoint.async_write_share)
     return strategy
 
 
@@ -166,7 +166,9 @@ def build_deepspeed(run: TrainingRun) -> Strategy:
 def checkpoint_io(run: TrainingRun) -> AtomicCheckpointIO:
     """How rank 0 writes a whole checkpoint: one file, atomically; with ``checkpoint.async_save``, a DCP directory
     written in the background."""
-    return AsyncCheckpointIO() if run.checkpoint.async_save else AtomicCheckpointIO()
+    if run.checkpoint.async_save:
+        return AsyncCheckpointIO(share=run.checkpoint.async_write_share)
+    return AtomicCheckpointIO()
 
 
 def build_strategy(run: TrainingRun) -> str | Strategy:

@@ -12,7 +12,7 @@ from pretrain.config import OptimConfig
 from pretrain.config.run import check_optim
 from pretrain.models.config import ModelConfig
 from pretrain.models.transformer import Transformer
-from pretrain.optim import build_optimizer, build_scheduler, lr_lambda, param_groups
+from pretrain.optim import build_optimizer, build_scheduler, lr_lambda, param_groups, wait_before_update
 
 TINY = {"vocab_size": 64, "d_model": 16, "n_layer": 2, "n_head": 2, "d_ff": 32, "max_seq_len": 16}
 MODELS = {
@@ -129,3 +129,37 @@ def test_muon_on_a_model_without_hidden_matrices_is_one_line():
 
     with pytest.raises(InputError, match="optim.name=muon: Embedding has no weight matrices Muon trains"):
         build_optimizer(nn.Embedding(10, 4), OptimConfig(name="muon"))
+
+
+@pytest.mark.parametrize("call", ["closure keyword", "closure positional", "no closure"])
+@pytest.mark.parametrize("muon", [False, True])
+def test_the_wait_before_an_update_comes_after_the_closure_that_runs_forward_and_backward(call, muon):
+    """Lightning calls ``optimizer.step(closure=...)`` and the forward and backward pass run inside it: the wait
+    comes after them (a background copy overlaps them) and before any parameter changes; with no closure, before
+    the step."""
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=2, max_seq_len=16))
+    optimizer = build_optimizer(model, OptimConfig(name="muon" if muon else "adamw", lr=1e-2))
+    weight = model.lm_head.weight if model.lm_head is not None else model.embed.tok.weight
+    before = weight.detach().clone()
+    order: list[str] = []
+
+    def wait() -> None:
+        order.append("wait")
+        assert torch.equal(weight.detach(), before), "a parameter changed before the wait"
+
+    def closure() -> torch.Tensor:
+        order.append("closure")
+        loss = model(torch.randint(0, 64, (2, 8))).logits.square().mean()
+        loss.backward()
+        return loss
+
+    wait_before_update(optimizer, wait)
+    if call == "no closure":
+        closure()
+        optimizer.step()
+    elif call == "closure keyword":
+        optimizer.step(closure=closure)
+    else:
+        optimizer.step(closure)
+    assert order == ["closure", "wait"]
+    assert not torch.equal(weight.detach(), before)  # the update did happen, after the wait

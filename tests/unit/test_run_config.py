@@ -154,6 +154,11 @@ def test_config_pieces_of_different_verbs_do_not_share_a_name():
             "checkpoint.save_top_k=-2",
             r"checkpoint.save_top_k must be >= -1 \(0: no best checkpoints, -1: every",
         ),
+        (
+            "checkpoint.async_write_share=0",
+            r"checkpoint.async_write_share must be in \(0, 1\] \(1: write as fast as the storage takes it\), got 0",
+        ),
+        ("checkpoint.async_write_share=1.5", r"checkpoint.async_write_share must be in \(0, 1\].*got 1.5"),
     ],
 )
 def test_checkpoint_bounds_are_refused_at_validation(override, message):

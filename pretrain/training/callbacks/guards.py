@@ -57,6 +57,7 @@ from pretrain.checkpoint.async_save import TensorKey, tensor_key
 from pretrain.compat.dtensor import local_shard
 from pretrain.compat.optim import honours_found_inf
 from pretrain.config.run import GuardsConfig, HangGuardConfig
+from pretrain.optim import wait_before_update
 from pretrain.training.callbacks.host_sync import DeferredRead, allowed
 from pretrain.training.step import StepLossHooks, ends_step
 
@@ -343,8 +344,8 @@ class StepGuard(Callback):
         return lambda: (copying.result(), copies)[1]
 
     def _copies_in_background(self, trainer: L.Trainer) -> bool:
-        """Whether every optimizer is a ``torch.optim.Optimizer`` (its step pre-hook then waits for the copy);
-        DeepSpeed updates inside its engine: copied on the training thread."""
+        """Whether every optimizer is a ``torch.optim.Optimizer`` (its update then waits for the copy:
+        ``wait_before_update``); DeepSpeed updates inside its engine: copied on the training thread."""
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
         if isinstance(trainer.strategy, DeepSpeedStrategy) or not all(
@@ -354,7 +355,7 @@ class StepGuard(Callback):
         for opt in trainer.optimizers:
             if id(opt) not in self._hooked:
                 self._hooked.add(id(opt))
-                opt.register_step_pre_hook(lambda *_: self._settle())
+                wait_before_update(opt, self._settle)
         return True
 
     def _settle(self) -> None:
