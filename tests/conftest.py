@@ -4,7 +4,10 @@ tests, and small deterministic settings. Test modules never import each other: h
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     fill the end, instead of one worker running a long file alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+def _resident_pages(path: Path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages of it), read with ``mincore`` over an untouched mapping."""
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        address = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(mapped)))
+        vector = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(address, ctypes.c_size_t(size), vector) == 0, os.strerror(ctypes.get_errno())
+        del address
+    return sum(v & 1 for v in vector), pages
+
+
+@pytest.fixture
+def resident_pages() -> Callable[[Path], tuple[int, int]]:
+    """How much of a file is in the page cache: ``resident_pages(path)`` -> (resident pages, pages)."""
+    return _resident_pages
+
+
+@pytest.fixture
+def direct_io(tmp_path) -> None:
+    """Skips where ``tmp_path``'s file system refuses ``O_DIRECT`` (tmpfs): what goes around the page cache there
+    goes through it (``direct_write``'s fallback, tested on its own)."""
+    probe = tmp_path / ".direct-io-probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
+    except OSError:
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

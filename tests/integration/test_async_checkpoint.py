@@ -117,6 +117,29 @@ def test_the_update_after_a_save_waits_for_its_copy_and_the_write_puts_itself_in
     writer.close()
 
 
+def test_the_background_write_goes_around_the_page_cache(tmp_path, direct_io, resident_pages):
+    """The checkpoint's files are written with O_DIRECT (``direct_write``): none of the 8 MiB of weights and
+    moments is left in the page cache (a buffered write leaves it all, ``test_direct_write.py``), and they read
+    back as saved."""
+    import torch
+
+    from pretrain.checkpoint import dcp
+    from pretrain.checkpoint.optimizer_state import dcp_state
+
+    model = torch.nn.Linear(1024, 1024)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 1024)).sum().backward()
+    optimizer.step()
+    writer = AsyncCheckpointWriter(share=0.5)
+    checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}
+    last = tmp_path / "last.ckpt"
+    writer.save(dcp_state(checkpoint, [optimizer], model), {"global_step": 1}, last, distributed=False)
+    writer.close()
+    resident, pages = resident_pages(last / "__0_0.distcp")
+    assert pages >= 3 * (4 << 20) // 4096 and resident < pages // 100, (resident, pages)
+    assert torch.equal(dcp.read(last)["state_dict"]["weight"], model.weight.detach())
+
+
 def test_a_save_writes_the_guards_snapshot_of_its_state_instead_of_copying_it_again(tmp_path, monkeypatch):
     """At a checkpoint the guard's host snapshot of the same state is being copied anyway: the writer writes those
     copies (the very tensors, no staging copy of its own) and the checkpoint holds the state of the save although

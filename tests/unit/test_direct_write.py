@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
 from contextlib import closing
 
@@ -31,30 +29,6 @@ def state() -> dict:
     }
 
 
-def resident_pages(path) -> tuple[int, int]:
-    """(pages of ``path`` in the page cache, pages of it), read with ``mincore`` over an untouched mapping."""
-    size = os.path.getsize(path)
-    pages = -(-size // mmap.PAGESIZE)
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
-        address = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(mapped)))
-        vector = (ctypes.c_ubyte * pages)()
-        assert libc.mincore(address, ctypes.c_size_t(size), vector) == 0, os.strerror(ctypes.get_errno())
-        resident = sum(v & 1 for v in vector)
-        del address
-    return resident, pages
-
-
-def supports_direct_io(directory) -> bool:
-    try:
-        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
-        return True
-    except OSError:
-        return False
-    finally:
-        (directory / "probe").unlink(missing_ok=True)
-
-
 @pytest.mark.parametrize("share", [1.0, 0.5])
 def test_the_files_are_dcps_own_byte_for_byte_and_read_back(tmp_path, monkeypatch, share):
     monkeypatch.setattr(direct_write, "CHUNK", SMALL_CHUNK)
@@ -71,11 +45,9 @@ def test_the_files_are_dcps_own_byte_for_byte_and_read_back(tmp_path, monkeypatc
     assert torch.equal(read["nested"]["t"], expected["nested"]["t"])
 
 
-def test_the_bytes_go_around_the_page_cache(tmp_path):
+def test_the_bytes_go_around_the_page_cache(tmp_path, direct_io, resident_pages):
     """Written with O_DIRECT, a file leaves (nearly) none of its pages in the page cache; the same bytes written
     through it leave most of them there (what the measurement sees when it is there to see)."""
-    if not supports_direct_io(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT (the fallback is tested below)")
     data = os.urandom(16 << 20)
     with closing(DirectStream(tmp_path / "direct.bin")) as stream:
         stream.write(data)
