@@ -3,9 +3,9 @@
 A buffered write copies every byte into page-cache pages first; a checkpoint is a new file at every save (the
 previous one deleted), so those pages are fresh memory the kernel must supply -- on a virtual machine, with host
 work charged to the guest's CPUs -- and the training threads pay for it whatever the writer's priority. With
-``O_DIRECT`` the device reads the bytes from this process's buffer: writing 1.5 GB cost 0.07 CPU-s of the writer
-and ~0.1 of the guest instead of 2.4 (`benchmarks/bench_async_save.py`'s machine; the host's I/O thread still
-costs the guest steal time while the device writes, which the pacing spreads out).
+``O_DIRECT`` the device reads the bytes from this process's buffer: 1.5 GiB into a new file kept the machine's
+CPUs busy 0.24 s instead of 1.77 (``python benchmarks/bench_direct_write.py``, 2-core VM; while the training keeps
+both cores busy, the host's I/O work for the device still lands on them, which the pacing spreads out).
 
 ``DirectStream`` is the file object DCP's ``FileSystemWriter`` writes a ``.distcp`` file or ``.metadata`` into (its
 ``fs`` replaced by a ``DirectFileSystem``): the bytes are exactly DCP's (``torch.save`` archives at the offsets
