@@ -102,6 +102,18 @@ def lower_thread_priority() -> None:
         pass
 
 
+def storage_error(err: BaseException) -> BaseException:
+    """The ``OSError`` a rank's write failed with, where DCP's save wrapped it in a ``CheckpointException`` (its
+    failures by rank: (exception, stack)); else ``err``."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    if isinstance(err, CheckpointException):
+        for failure, _stack in err.failures.values():
+            if isinstance(failure, OSError):
+                return failure
+    return err
+
+
 class AsyncCheckpointWriter:
     """Writes DCP checkpoint directories in the background, one at a time (see the module docstring).
 
@@ -251,7 +263,7 @@ class AsyncCheckpointWriter:
             )
             upload.set_result(None)
         except BaseException as err:  # noqa: BLE001 - re-raised by _finish
-            upload.set_exception(err)
+            upload.set_exception(storage_error(err))
         finally:
             written.set_result(None)
         cls._finish(upload, meta, tmp, path)

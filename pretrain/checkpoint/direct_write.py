@@ -125,14 +125,17 @@ class DirectStream:
         written = 0
         try:
             while written < length:
+                rest = view[written:]
                 try:
-                    written += os.pwrite(self._fd, view[written:], self._offset + written)
+                    written += os.pwrite(self._fd, rest, self._offset + written)
                 except OSError as err:
                     if not (self.direct and err.errno == errno.EINVAL):
                         raise
                     os.close(self._fd)  # O_DIRECT opened but refused at the write: through the page cache
                     self.direct = False
                     self._fd = self._open(0)
+                finally:
+                    rest.release()  # (an error's traceback may hold it: the buffer must close all the same)
         finally:
             view.release()
         if self.share < 1:

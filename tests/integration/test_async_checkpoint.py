@@ -140,6 +140,40 @@ def test_the_background_write_goes_around_the_page_cache(tmp_path, direct_io, re
     assert torch.equal(dcp.read(last)["state_dict"]["weight"], model.weight.detach())
 
 
+def test_a_full_disk_during_the_background_write_is_one_line_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch
+):
+    """ENOSPC inside DCP's save (which wraps each rank's error in a ``CheckpointException``) comes out of ``wait``
+    as the one-line storage error; the partial directory is removed and ``last.ckpt`` still holds step 1."""
+    import errno
+
+    import torch
+
+    from pretrain.checkpoint.io import CheckpointWriteError
+
+    model = torch.nn.Linear(64, 64)
+    writer = AsyncCheckpointWriter()
+    last = tmp_path / "last.ckpt"
+    writer.save({"state_dict": model.state_dict()}, {"global_step": 1}, last, distributed=False)
+    writer.wait()
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    writer.save({"state_dict": model.state_dict()}, {"global_step": 2}, last, distributed=False)
+    with pytest.raises(
+        CheckpointWriteError,
+        match=r"^could not write checkpoint .*last.ckpt \(in the background\): "
+        r"No space left on device; the previous checkpoint is intact",
+    ):
+        writer.wait()
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert checkpoint_step(last) == 1 and is_valid(last)
+    writer.close()
+
+
 def test_a_save_writes_the_guards_snapshot_of_its_state_instead_of_copying_it_again(tmp_path, monkeypatch):
     """At a checkpoint the guard's host snapshot of the same state is being copied anyway: the writer writes those
     copies (the very tensors, no staging copy of its own) and the checkpoint holds the state of the save although
