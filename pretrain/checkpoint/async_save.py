@@ -6,7 +6,8 @@ the next step's forward and backward pass run, and that step's update waits for 
 after the optimizer's closure, in which Lightning runs the forward and backward pass; until then nothing the
 checkpoint holds changes). The state is copied once per save: where a host copy of this very state is being made
 anyway (``host_copies``: the guards' snapshot taken at every checkpoint), its copies are written and only the
-tensors it lacks are staged. A writer thread of the lowest CPU priority then writes the copy as a
+tensors it lacks are staged. A writer thread of the lowest CPU priority then, from that update on (the save
+step's forward and backward pass keep the cores), writes the copy as a
 torch.distributed.checkpoint directory (every rank its shards, a replicated tensor once) with DCP's ``save``, on a
 gloo process group of its own (the training collectives keep theirs), through ``direct_write``: DCP's bytes,
 around the page cache and paced to ``checkpoint.async_write_share`` of the wall clock. Once every rank's files and
@@ -132,6 +133,9 @@ class AsyncCheckpointWriter:
         self._group: Any = None
         self._pending: Future | None = None
         self._staged: Future | None = None
+        self._release: threading.Event | None = (
+            None  # set once the save step's update may go on: the write starts
+        )
         self._hooked: set[int] = set()
         self._staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-checkpoint-stage")
         self._writing = ThreadPoolExecutor(
@@ -175,9 +179,11 @@ class AsyncCheckpointWriter:
         written: Future = Future()  # done once the write no longer reads the staged tensors
         copies = self.host_copies(written) if self.host_copies is not None else None
         self._staged = self._staging.submit(self._stage, tensors, copies)
+        self._release = threading.Event()
         self._pending = self._writing.submit(
             self._write,
             self._staged,
+            self._release,
             self.share,
             self._group,
             distributed,
@@ -230,15 +236,21 @@ class AsyncCheckpointWriter:
         return fill(staged)
 
     def wait_staged(self) -> None:
-        """Block until the state of the last save is copied to host buffers (its errors come from ``wait``)."""
+        """Block until the state of the last save is copied to host buffers (its errors come from ``wait``); the
+        write starts then (at the save step's update: it does not compete with that step's forward and backward
+        pass)."""
         staged, self._staged = self._staged, None
         if staged is not None:
             futures.wait([staged])
+        release, self._release = self._release, None
+        if release is not None:
+            release.set()
 
     @classmethod
     def _write(
         cls,
         staged: Future,
+        release: threading.Event,
         share: float,
         group: Any,
         distributed: bool,
@@ -247,7 +259,7 @@ class AsyncCheckpointWriter:
         path: Path,
         written: Future,
     ) -> None:
-        """Background, once the copy is staged: every rank writes its files (DCP's save gathers the ranks'
+        """Background, once the copy is staged and ``release`` set: every rank writes its files (DCP's save gathers the ranks'
         write results before rank 0 writes ``.metadata``), then rank 0 (which holds ``meta``) puts the
         directory in place. ``written`` is set once the staged tensors are no longer read."""
         from torch.distributed.checkpoint import save
@@ -255,6 +267,7 @@ class AsyncCheckpointWriter:
         upload: Future = Future()
         try:
             state = staged.result()
+            release.wait()
             save(
                 state,
                 storage_writer=direct_writer(tmp, share),
