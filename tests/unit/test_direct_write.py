@@ -66,7 +66,7 @@ def test_the_bytes_go_around_the_page_cache(tmp_path, direct_io, resident_pages)
 def test_a_file_system_that_refuses_o_direct_gets_the_same_bytes_through_the_page_cache(
     tmp_path, monkeypatch
 ):
-    """Refused at the open (tmpfs: EINVAL) or at the first write: the file is written all the same."""
+    """Refused at the open (tmpfs before Linux 6.6: EINVAL) or at the first write: the file is written all the same."""
     monkeypatch.setattr(direct_write, "CHUNK", SMALL_CHUNK)
     data = os.urandom(5 * SMALL_CHUNK + 123)
     real_open, real_pwrite = os.open, os.pwrite
