@@ -38,7 +38,6 @@ def _resident_pages(path: Path) -> tuple[int, int]:
         address = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(mapped)))
         vector = (ctypes.c_ubyte * pages)()
         assert libc.mincore(address, ctypes.c_size_t(size), vector) == 0, os.strerror(ctypes.get_errno())
-        del address
     return sum(v & 1 for v in vector), pages
 
 
