@@ -34,13 +34,12 @@ NOT_RUN = {  # command as written (its words joined by spaces) -> why it does no
         "trains 12 whole cells (a cell's plan ignores PRETRAIN_OVERRIDES): the reduced ladder is test_ladder.py's"
     ),
     "pretrain ladder runs/ladder-tiny --budget 1e13": "reads the ladder above (test_ladder.py runs --budget)",
-    "pretrain ladder recipes/ladder-tiny.yaml model.position=learned optim.muon.lr=0.03 "
-    "ladder.sizes=[{d_model: 32, n_layer: 2},{d_model: 64, n_layer: 1},"
+    "pretrain ladder recipes/ladder-tiny.yaml ladder.sizes=[{d_model: 32, n_layer: 2},{d_model: 64, n_layer: 1},"
     "{d_model: 64, n_layer: 2},{d_model: 96, n_layer: 2},{d_model: 128, n_layer: 2}] "
-    "ladder.flops=[6e11,1.8e12,5.4e12] --out runs/ladder-5x3": "15 whole cells, 1 h 20 min (as above)",
+    "ladder.flops=[6e11,1.8e12,5.4e12] --out runs/ladder-5x3": "15 whole cells, 21-36 min (as above)",
     "pretrain ladder recipes/ladder-tiny-mlm.yaml ladder.sizes=[{d_model: 32, n_layer: 2},{d_model: 64, n_layer: 1},"
     "{d_model: 64, n_layer: 2},{d_model: 96, n_layer: 2},{d_model: 128, n_layer: 2}] "
-    "ladder.flops=[6e11,1.8e12,5.4e12] --out runs/ladder-mlm-5x3": "15 whole cells, 36 min (as above)",
+    "ladder.flops=[6e11,1.8e12,5.4e12] --out runs/ladder-mlm-5x3": "15 whole cells (as above)",
 }
 SHARED_DATA = Path(os.environ.get("PRETRAIN_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 # pages whose commands need the shared data directory (present in CI)
