@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from pretrain.training.trainer import StepWandbLogger, build_loggers, build_trai
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPT = REPO_ROOT / "recipes" / "gpt-tiny.yaml"
-HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
 def load(*overrides: str, recipe: Path = GPT):
