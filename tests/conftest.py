@@ -53,9 +53,9 @@ def _in_ci() -> bool:
 
 @pytest.fixture
 def direct_io(tmp_path) -> None:
-    """Skips where ``tmp_path``'s file system refuses ``O_DIRECT`` (tmpfs before Linux 6.6: what goes around the page cache there
-    goes through it, ``direct_write``'s fallback, tested on its own) on a developer's machine; fails in CI
-    (``CI=true``), where that means missing coverage."""
+    """Skips where ``tmp_path``'s file system refuses ``O_DIRECT`` (tmpfs before Linux 6.6: what goes around the
+    page cache there goes through it, ``direct_write``'s fallback, tested on its own) on a developer's machine;
+    fails in CI (``CI=true``), where that means missing coverage."""
     probe = tmp_path / ".direct-io-probe"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pretrain.checkpoint import dcp  # noqa: F401  (its warning filter for no_dist saves)
+from pretrain.checkpoint import dcp  # also installs its warning filter for no_dist saves
 from pretrain.checkpoint.direct_write import direct_writer
 from pretrain.checkpoint.io import METADATA, CheckpointWriteError
 from pretrain.checkpoint.lightning_io import AtomicCheckpointIO
@@ -104,15 +104,9 @@ def lower_thread_priority() -> None:
 
 
 def storage_error(err: BaseException) -> BaseException:
-    """The ``OSError`` a rank's write failed with, where DCP's save wrapped it in a ``CheckpointException`` (its
-    failures by rank: (exception, stack)); else ``err``."""
-    from torch.distributed.checkpoint import CheckpointException
-
-    if isinstance(err, CheckpointException):
-        for failure, _stack in err.failures.values():
-            if isinstance(failure, OSError):
-                return failure
-    return err
+    """The ``OSError`` a rank's write failed with, where DCP's save wrapped it in a ``CheckpointException``; else
+    ``err``."""
+    return next((e for e in dcp.rank_errors(err) if isinstance(e, OSError)), err)
 
 
 class AsyncCheckpointWriter:
@@ -133,9 +127,8 @@ class AsyncCheckpointWriter:
         self._group: Any = None
         self._pending: Future | None = None
         self._staged: Future | None = None
-        self._release: threading.Event | None = (
-            None  # set once the save step's update may go on: the write starts
-        )
+        # set once the save step's update may go on: the write starts
+        self._release: threading.Event | None = None
         self._hooked: set[int] = set()
         self._staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-checkpoint-stage")
         self._writing = ThreadPoolExecutor(
@@ -259,9 +252,9 @@ class AsyncCheckpointWriter:
         path: Path,
         written: Future,
     ) -> None:
-        """Background, once the copy is staged and ``release`` set: every rank writes its files (DCP's save gathers the ranks'
-        write results before rank 0 writes ``.metadata``), then rank 0 (which holds ``meta``) puts the
-        directory in place. ``written`` is set once the staged tensors are no longer read."""
+        """Background, once the copy is staged and ``release`` set: every rank writes its files (DCP's save
+        gathers the ranks' write results before rank 0 writes ``.metadata``), then rank 0 (which holds ``meta``)
+        puts the directory in place. ``written`` is set once the staged tensors are no longer read."""
         from torch.distributed.checkpoint import save
 
         upload: Future = Future()

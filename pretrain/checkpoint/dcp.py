@@ -85,6 +85,17 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
         self.state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
+def rank_errors(err: BaseException) -> list[BaseException]:
+    """The ranks' errors a DCP ``CheckpointException`` (a ``BaseException``) holds, its failures being (error,
+    traceback) by rank; [] for any other exception."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if not isinstance(err, CheckpointException):
+        return []
+    failures = [e[0] if isinstance(e, tuple) else e for e in err.failures.values()]
+    return [e for e in failures if isinstance(e, BaseException)]
+
+
 @contextmanager
 def readable(path: str | Path) -> Iterator[None]:
     """DCP's ``CheckpointException`` (a ``BaseException`` holding each rank's error) as one ``ValueError``."""
@@ -93,8 +104,7 @@ def readable(path: str | Path) -> Iterator[None]:
     try:
         yield
     except CheckpointException as err:
-        failures = [e[0] if isinstance(e, tuple) else e for e in err.failures.values()]  # (error, traceback)
-        causes = [e for e in failures if isinstance(e, BaseException)]
+        causes = rank_errors(err)
         if any(isinstance(e, pickle.UnpicklingError) for e in causes):
             raise InputError(
                 f"checkpoint {path} holds objects other than tensors and plain containers, which a weights-only "

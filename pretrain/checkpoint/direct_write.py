@@ -12,8 +12,8 @@ both cores busy, the host's I/O work for the device still lands on them, which t
 ``tell`` reports). They are gathered in an aligned buffer of ``CHUNK`` bytes, each full buffer written with
 ``pwrite`` at an aligned offset; ``close`` writes the last one padded to ``ALIGN``, truncates the file to its
 length and ``fsync``s it (the data is on the device, its size and extents not yet). Where the file system
-refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some network file systems: ``EINVAL`` at open or at a write) the same chunks go
-through the page cache.
+refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some network file systems: ``EINVAL`` at open or at a write) the
+same chunks go through the page cache.
 
 Pacing: after each chunk the writer sleeps ``(1 / share - 1)`` times that chunk's write time, so the device is
 busy with this write for about ``share`` of the wall clock and the write takes about ``1 / share`` times as long
